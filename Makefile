@@ -1,0 +1,79 @@
+# dataplane: `make run` builds and serves on the embedded defaults; `make test` is the one
+# test command (CI runs it through .ci/run). `make help` lists every target.
+
+GO          ?= go
+BIN         := bin/dataplane
+BUILD       := build
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS     := -X dataplane/dataplane.Version=$(VERSION)
+ARGS        ?=
+BENCH       ?= .
+BENCH_COUNT ?= 6
+FUZZTIME    ?= 30s
+
+.PHONY: help build run test bench cuda fuzz clean deps-build deps-test
+
+help:
+	@echo "make build   build bin/dataplane (Go + the C kernels through cgo; needs only gcc)"
+	@echo "make run     build, then 'dataplane serve' on the embedded defaults (ARGS='--listen :9000' to change)"
+	@echo "make test    go vet, go test -race, the C tests through CMake/ctest (installs gcc/cmake if missing)"
+	@echo "make bench   Go and C benchmarks with same-run memcpy baselines, summarised by benchstat"
+	@echo "make fuzz    every fuzz target for FUZZTIME each (default $(FUZZTIME))"
+	@echo "make cuda    the CUDA plugin (needs a CUDA toolkit; says so when there is none)"
+	@echo "make clean   remove bin/ and build/"
+
+# need installs a Debian package when a command it provides is missing: $(call need,command,package)
+define need
+	@command -v $(1) >/dev/null 2>&1 || { \
+	  echo "$(1) not found: installing the Debian package $(2)"; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "no apt-get here: install $(2) yourself"; exit 1; }; \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(2); }
+endef
+
+deps-build:
+	$(call need,gcc,gcc libc6-dev)
+
+deps-test: deps-build
+	$(call need,cmake,cmake)
+
+build: deps-build
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/dataplane
+
+run: build
+	./$(BIN) serve $(ARGS)
+
+test: deps-test
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+	cmake -S . -B $(BUILD) -DDATAPLANE_CUDA=AUTO
+	cmake --build $(BUILD) --parallel
+	ctest --test-dir $(BUILD) --output-on-failure
+
+bench: deps-test
+	@mkdir -p $(BUILD)
+	$(GO) test -run '^$$' -bench '$(BENCH)' -count $(BENCH_COUNT) ./native | tee $(BUILD)/bench-go.txt
+	$(GO) tool benchstat $(BUILD)/bench-go.txt
+	cmake -S . -B $(BUILD) -DDATAPLANE_CUDA=AUTO
+	cmake --build $(BUILD) --parallel --target bench_merge
+	$(BUILD)/bench_merge
+
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+cuda: deps-test
+	@if ! command -v nvcc >/dev/null 2>&1 && [ -z "$$CUDACXX" ]; then \
+	  echo "make cuda: no CUDA toolkit here (nvcc not on PATH, CUDACXX unset), so the plugin is not built."; \
+	  echo "dataplane builds and runs without it, on the CPU backend."; \
+	  exit 1; \
+	fi
+	cmake -S . -B $(BUILD)/cuda -DDATAPLANE_CUDA=ON
+	cmake --build $(BUILD)/cuda --parallel
+
+clean:
+	rm -rf bin $(BUILD)

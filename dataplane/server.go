@@ -1,0 +1,183 @@
+package dataplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"dataplane/native"
+)
+
+// Options configure `dataplane serve`. DefaultOptions has every default.
+type Options struct {
+	Listen          string        // HOST:PORT of the HTTP API
+	ShutdownTimeout time.Duration // how long shutdown waits for requests in flight
+	MaxBodyBytes    int           // request bodies above this get 413
+	ReadTimeout     time.Duration // whole request, headers and body
+	WriteTimeout    time.Duration // whole response
+	IdleTimeout     time.Duration // keep-alive connections with no request
+	MaxConns        int           // concurrent connections; more are refused
+}
+
+// DefaultOptions are the embedded defaults `make run` uses.
+func DefaultOptions() Options {
+	return Options{
+		Listen:          ":8000",
+		ShutdownTimeout: 30 * time.Second,
+		MaxBodyBytes:    64 << 20, // a few high-resolution images as data: URLs
+		ReadTimeout:     60 * time.Second,
+		WriteTimeout:    10 * time.Minute, // streamed completions run long
+		IdleTimeout:     2 * time.Minute,
+		MaxConns:        16 << 10,
+	}
+}
+
+// Server is the daemon's HTTP front: /healthz and /metrics for now.
+type Server struct {
+	opts     Options
+	log      *slog.Logger
+	registry *prometheus.Registry
+	http     *fasthttp.Server
+	metrics  *httpMetrics
+	promHTTP fasthttp.RequestHandler
+}
+
+type httpMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+// NewServer builds a server; Serve runs it.
+func NewServer(opts Options, log *slog.Logger) *Server {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "dataplane_build_info",
+		Help: "Always 1; the labels say which build and native kernels are running.",
+		ConstLabels: prometheus.Labels{
+			"version": Version, "goversion": runtime.Version(), "native_isa": native.BestISA().String(),
+		},
+	})
+	build.Set(1)
+	m := &httpMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dataplane_http_requests_total",
+			Help: "HTTP requests answered, by route and status code.",
+		}, []string{"route", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dataplane_http_request_duration_seconds",
+			Help:    "Time from request read to response written, by route.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+		}, []string{"route"}),
+	}
+	reg.MustRegister(build, m.requests, m.duration)
+
+	s := &Server{
+		opts:     opts,
+		log:      log,
+		registry: reg,
+		metrics:  m,
+		promHTTP: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
+	}
+	s.http = &fasthttp.Server{
+		Handler:            s.handle,
+		Name:               "dataplane",
+		ReadTimeout:        opts.ReadTimeout,
+		WriteTimeout:       opts.WriteTimeout,
+		IdleTimeout:        opts.IdleTimeout,
+		MaxRequestBodySize: opts.MaxBodyBytes,
+		Concurrency:        opts.MaxConns,
+		Logger:             slogPrintf{log},
+		ErrorHandler:       s.handleMalformed,
+	}
+	return s
+}
+
+// Registry is where other parts of the daemon register their metrics.
+func (s *Server) Registry() *prometheus.Registry { return s.registry }
+
+// Serve answers on ln until ctx is done, then stops accepting and waits up to
+// ShutdownTimeout for requests in flight. It returns nil after a clean drain.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.http.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("shutting down: draining requests in flight", "timeout", s.opts.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	defer cancel()
+	if err := s.http.ShutdownWithContext(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("http server: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	route := "other" // unknown paths share one label value, so the label set stays bounded
+	switch string(ctx.Path()) {
+	case "/healthz":
+		route = "/healthz"
+		ctx.SetContentType("text/plain; charset=utf-8")
+		ctx.SetBodyString("ok\n")
+	case "/metrics":
+		route = "/metrics"
+		s.promHTTP(ctx)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(string(ctx.Path())))
+	}
+	s.metrics.requests.WithLabelValues(route, strconv.Itoa(ctx.Response.StatusCode())).Inc()
+	s.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+}
+
+// handleMalformed answers requests fasthttp could not read (no handler runs for them).
+func (s *Server) handleMalformed(ctx *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
+	var netErr net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error",
+			fmt.Sprintf("request body larger than %d bytes (--max-body-bytes)", s.opts.MaxBodyBytes))
+	case errors.As(err, &small):
+		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request headers too large")
+	case errors.As(err, &netErr) && netErr.Timeout():
+		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request not read within --read-timeout")
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed HTTP request: "+err.Error())
+	}
+	s.metrics.requests.WithLabelValues("malformed", strconv.Itoa(ctx.Response.StatusCode())).Inc()
+}
+
+// writeError sets an OpenAI-style JSON error response.
+func writeError(ctx *fasthttp.RequestCtx, code int, typ, msg string) {
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": code}})
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// slogPrintf routes fasthttp's own log lines to slog.
+type slogPrintf struct{ log *slog.Logger }
+
+func (l slogPrintf) Printf(format string, args ...any) { l.log.Warn(fmt.Sprintf(format, args...)) }

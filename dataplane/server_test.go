@@ -1,0 +1,107 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// startServer serves on a loopback port until the test ends; it returns the base URL.
+func startServer(t *testing.T, opts Options) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- NewServer(opts, slog.New(slog.DiscardHandler)).Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Error("server did not stop")
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+func TestServerEndpoints(t *testing.T) {
+	base := startServer(t, DefaultOptions())
+
+	code, body := get(t, base+"/healthz")
+	require.Equal(t, 200, code)
+	require.Equal(t, "ok\n", body)
+
+	code, body = get(t, base+"/nope")
+	require.Equal(t, 404, code)
+	require.JSONEq(t, `{"error":{"message":"no endpoint \"/nope\"","type":"not_found","code":404}}`, body)
+
+	code, body = get(t, base+"/metrics")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `dataplane_build_info{goversion="go`)
+	require.Contains(t, body, `dataplane_http_requests_total{code="200",route="/healthz"} 1`)
+	require.Contains(t, body, `dataplane_http_requests_total{code="404",route="other"} 1`)
+	require.Contains(t, body, `dataplane_http_request_duration_seconds_bucket{route="/healthz"`)
+	require.Contains(t, body, "go_goroutines")
+}
+
+func TestServerBodyLimit(t *testing.T) {
+	opts := DefaultOptions()
+	opts.MaxBodyBytes = 1 << 10
+	base := startServer(t, opts)
+	// A raw connection: the server may answer as soon as it has read the headers.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n%s", strings.Repeat("x", 4096))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	require.Contains(t, string(body), "request body larger than 1024 bytes (--max-body-bytes)")
+
+	code, _ := get(t, base+"/healthz")
+	require.Equal(t, 200, code, "the server keeps serving after refusing a body")
+	_, metrics := get(t, base+"/metrics")
+	require.Contains(t, metrics, `dataplane_http_requests_total{code="413",route="malformed"} 1`)
+}
+
+func TestServerStopsOnCancel(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- NewServer(DefaultOptions(), slog.New(slog.DiscardHandler)).Serve(ctx, ln) }()
+	code, _ := get(t, "http://"+ln.Addr().String()+"/healthz")
+	require.Equal(t, 200, code)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
+	_, err = net.DialTimeout("tcp", ln.Addr().String(), time.Second)
+	require.Error(t, err, "listener still open after shutdown")
+}

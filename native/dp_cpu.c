@@ -1,0 +1,49 @@
+/* dp_cpu.c: which kernel variants this CPU and OS can run, decided once. */
+#include <pthread.h>
+
+#include "dp_internal.h"
+
+#if DP_X86
+#include <cpuid.h>
+
+static int avx2_usable;
+
+/* OS support for YMM state: XCR0 must have the SSE (bit 1) and AVX (bit 2) bits. */
+static int os_saves_ymm(void) {
+	uint32_t eax, edx;
+	__asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+	(void)edx;
+	return (eax & 6u) == 6u;
+}
+
+static void detect(void) {
+	unsigned a, b, c, d;
+	if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+	int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1, fma = (c >> 12) & 1;
+	if (!(osxsave && avx && f16c && fma) || !os_saves_ymm()) return;
+	if (__get_cpuid_max(0, 0) < 7) return;
+	__cpuid_count(7, 0, a, b, c, d);
+	avx2_usable = (b >> 5) & 1;
+}
+#else
+static const int avx2_usable = 0;
+static void detect(void) {}
+#endif
+
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+
+int dp_isa_supported(int32_t isa) {
+	pthread_once(&detect_once, detect);
+	switch (isa) {
+	case DP_ISA_GENERIC: return 1;
+	case DP_ISA_AVX2: return avx2_usable;
+	default: return 0;
+	}
+}
+
+int32_t dp_isa_best(void) { return dp_isa_supported(DP_ISA_AVX2) ? DP_ISA_AVX2 : DP_ISA_GENERIC; }
+
+int32_t dp_isa_resolve(int32_t isa) {
+	if (isa == DP_ISA_AUTO) return dp_isa_best();
+	return dp_isa_supported(isa) ? isa : -1;
+}

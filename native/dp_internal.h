@@ -1,0 +1,35 @@
+/* dp_internal.h: helpers shared by the native kernels; not part of the ABI. */
+#ifndef DP_INTERNAL_H
+#define DP_INTERNAL_H
+
+#include "dp.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DP_X86 1
+#else
+#define DP_X86 0
+#endif
+
+/* dp_fail formats a message into msg (if any) and returns status. */
+dp_status dp_fail(char *msg, size_t msg_len, dp_status status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* dp_isa_resolve maps DP_ISA_AUTO to the best variant; -1 when isa is unknown or unsupported. */
+int32_t dp_isa_resolve(int32_t isa);
+
+/* A row converter: n elements from src to dst. Both dtypes known, isa already resolved. */
+typedef void (*dp_convert_fn)(void *dst, const void *src, int64_t n);
+
+/* dp_converter returns the function converting src_dtype to dst_dtype with the given isa
+ * (a plain copy when the dtypes are equal); NULL for an unknown dtype. */
+dp_convert_fn dp_converter(int32_t dst_dtype, int32_t src_dtype, int32_t isa);
+
+/* dp_matrix_bytes is rows*cols*size(dtype), or -1 if the matrix is malformed or too large. */
+int64_t dp_matrix_bytes(const dp_matrix *m);
+
+/* dp_parallel_for runs fn(ctx, i, n_tasks) for i in [0, n_tasks): task 0 on the calling
+ * thread, the others on threads started for the call. A thread that cannot be started has
+ * its task run on the calling thread, so every task runs exactly once. */
+void dp_parallel_for(int32_t n_tasks, void (*fn)(void *ctx, int32_t i, int32_t n), void *ctx);
+
+#endif /* DP_INTERNAL_H */
