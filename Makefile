@@ -16,7 +16,8 @@ FUZZTIME    ?= 30s
 help:
 	@echo "make build   build bin/dataplane (Go + the C kernels through cgo; needs only gcc)"
 	@echo "make run     build, then 'dataplane serve' on the embedded defaults (ARGS='--listen :9000' to change)"
-	@echo "make test    go vet, go test -race, the C tests through CMake/ctest (installs gcc/cmake if missing)"
+	@echo "make test    go vet, go test -race, the C tests through CMake/ctest, and again under ASan/UBSan"
+	@echo "             (installs gcc/cmake if missing)"
 	@echo "make bench   Go and C benchmarks with same-run memcpy baselines, summarised by benchstat"
 	@echo "make fuzz    every fuzz target for FUZZTIME each (default $(FUZZTIME))"
 	@echo "make cuda    the CUDA plugin (needs a CUDA toolkit; says so when there is none)"
@@ -49,6 +50,10 @@ test: deps-test
 	cmake -S . -B $(BUILD) -DDATAPLANE_CUDA=AUTO
 	cmake --build $(BUILD) --parallel
 	ctest --test-dir $(BUILD) --output-on-failure
+	cmake -S . -B $(BUILD)/sanitize -DDATAPLANE_CUDA=OFF -DDATAPLANE_SANITIZE=ON
+	cmake --build $(BUILD)/sanitize --parallel
+	ctest --test-dir $(BUILD)/sanitize --output-on-failure
+	$(GO) test -asan -count=1 ./native
 
 bench: deps-test
 	@mkdir -p $(BUILD)

@@ -9,30 +9,36 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// startServer serves on a loopback port until the test ends; it returns the base URL.
-func startServer(t *testing.T, opts Options) string {
+// startServer serves on a loopback port; it returns the base URL and a stop function that
+// cancels Serve and checks it drained cleanly (also run when the test ends).
+func startServer(t *testing.T, opts Options) (string, func()) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- NewServer(opts, slog.New(slog.DiscardHandler)).Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Error("server did not stop")
-		}
-	})
-	return "http://" + ln.Addr().String()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Error("Serve did not return after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return "http://" + ln.Addr().String(), stop
 }
 
 func get(t *testing.T, url string) (int, string) {
@@ -46,7 +52,7 @@ func get(t *testing.T, url string) (int, string) {
 }
 
 func TestServerEndpoints(t *testing.T) {
-	base := startServer(t, DefaultOptions())
+	base, _ := startServer(t, DefaultOptions())
 
 	code, body := get(t, base+"/healthz")
 	require.Equal(t, 200, code)
@@ -68,7 +74,7 @@ func TestServerEndpoints(t *testing.T) {
 func TestServerBodyLimit(t *testing.T) {
 	opts := DefaultOptions()
 	opts.MaxBodyBytes = 1 << 10
-	base := startServer(t, opts)
+	base, _ := startServer(t, opts)
 	// A raw connection: the server may answer as soon as it has read the headers.
 	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	require.NoError(t, err)
@@ -88,20 +94,10 @@ func TestServerBodyLimit(t *testing.T) {
 }
 
 func TestServerStopsOnCancel(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- NewServer(DefaultOptions(), slog.New(slog.DiscardHandler)).Serve(ctx, ln) }()
-	code, _ := get(t, "http://"+ln.Addr().String()+"/healthz")
+	base, stop := startServer(t, DefaultOptions())
+	code, _ := get(t, base+"/healthz")
 	require.Equal(t, 200, code)
-	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Serve did not return after cancel")
-	}
-	_, err = net.DialTimeout("tcp", ln.Addr().String(), time.Second)
+	stop()
+	_, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second)
 	require.Error(t, err, "listener still open after shutdown")
 }

@@ -11,18 +11,6 @@
 #include <immintrin.h>
 #endif
 
-static inline uint32_t f32_bits(float f) {
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return u;
-}
-
-static inline float bits_f32(uint32_t u) {
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 static inline uint16_t f32_to_f16(uint32_t x) {
 	uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
 	uint32_t ax = x & 0x7fffffffu;
@@ -61,42 +49,59 @@ static inline uint16_t f32_to_bf16(uint32_t x) {
 	return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-/* ---- portable variants ---- */
+/* ---- portable variants ----
+ * Buffers may be views at any byte offset (a span inside a larger region), so elements are
+ * loaded and stored through memcpy, which compilers turn into plain moves. */
+
+static inline uint32_t load32(const char *p) {
+	uint32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+static inline uint16_t load16(const char *p) {
+	uint16_t v;
+	memcpy(&v, p, 2);
+	return v;
+}
+
+static inline void store32(char *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void store16(char *p, uint16_t v) { memcpy(p, &v, 2); }
 
 static void f32_f16_generic(void *dst, const void *src, int64_t n) {
-	uint16_t *d = dst;
-	const float *s = src;
-	for (int64_t i = 0; i < n; i++) d[i] = f32_to_f16(f32_bits(s[i]));
+	char *d = dst;
+	const char *s = src;
+	for (int64_t i = 0; i < n; i++) store16(d + 2 * i, f32_to_f16(load32(s + 4 * i)));
 }
 
 static void f16_f32_generic(void *dst, const void *src, int64_t n) {
-	float *d = dst;
-	const uint16_t *s = src;
-	for (int64_t i = 0; i < n; i++) d[i] = bits_f32(f16_to_f32(s[i]));
+	char *d = dst;
+	const char *s = src;
+	for (int64_t i = 0; i < n; i++) store32(d + 4 * i, f16_to_f32(load16(s + 2 * i)));
 }
 
 static void f32_bf16_generic(void *dst, const void *src, int64_t n) {
-	uint16_t *d = dst;
-	const float *s = src;
-	for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(f32_bits(s[i]));
+	char *d = dst;
+	const char *s = src;
+	for (int64_t i = 0; i < n; i++) store16(d + 2 * i, f32_to_bf16(load32(s + 4 * i)));
 }
 
 static void bf16_f32_generic(void *dst, const void *src, int64_t n) {
-	float *d = dst;
-	const uint16_t *s = src;
-	for (int64_t i = 0; i < n; i++) d[i] = bits_f32((uint32_t)s[i] << 16);
+	char *d = dst;
+	const char *s = src;
+	for (int64_t i = 0; i < n; i++) store32(d + 4 * i, (uint32_t)load16(s + 2 * i) << 16);
 }
 
 static void f16_bf16_generic(void *dst, const void *src, int64_t n) {
-	uint16_t *d = dst;
-	const uint16_t *s = src;
-	for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(f16_to_f32(s[i])); /* f16 -> f32 is exact */
+	char *d = dst;
+	const char *s = src;
+	for (int64_t i = 0; i < n; i++) store16(d + 2 * i, f32_to_bf16(f16_to_f32(load16(s + 2 * i)))); /* f16 -> f32 is exact */
 }
 
 static void bf16_f16_generic(void *dst, const void *src, int64_t n) {
-	uint16_t *d = dst;
-	const uint16_t *s = src;
-	for (int64_t i = 0; i < n; i++) d[i] = f32_to_f16((uint32_t)s[i] << 16);
+	char *d = dst;
+	const char *s = src;
+	for (int64_t i = 0; i < n; i++) store16(d + 2 * i, f32_to_f16((uint32_t)load16(s + 2 * i) << 16));
 }
 
 /* ---- AVX2 + F16C variants: 8 or 16 elements a step, the tail by the portable code ---- */

@@ -11,16 +11,22 @@ static int64_t merged_row_of_text(const dp_merge_plan *p, int64_t i) {
 	return row;
 }
 
-static dp_status check_matrix(const dp_matrix *m, const char *what, int64_t cols, char *msg, size_t msg_len) {
+/* check_matrix checks one matrix of a plan; what names it in messages, with index k when k >= 0. */
+static dp_status check_matrix(const dp_matrix *m, const char *what, int64_t k, int64_t cols, char *msg, size_t msg_len) {
 	int64_t bytes = dp_matrix_bytes(m);
+	if (bytes >= 0 && m->cols == cols && (bytes == 0 || m->data != NULL)) return DP_OK;
+	char name[48];
+	if (k >= 0)
+		snprintf(name, sizeof name, "%s %lld", what, (long long)k);
+	else
+		snprintf(name, sizeof name, "%s", what);
 	if (bytes < 0)
-		return dp_fail(msg, msg_len, DP_ERR_INVALID, "%s: bad shape [%lld, %lld] or dtype %d", what,
-		               (long long)m->rows, (long long)m->cols, m->dtype);
+		return dp_fail(msg, msg_len, DP_ERR_INVALID, "%s: bad shape [%lld, %lld] or dtype %d", name, (long long)m->rows,
+		               (long long)m->cols, m->dtype);
 	if (m->cols != cols)
-		return dp_fail(msg, msg_len, DP_ERR_INVALID, "%s: %lld columns, the sequence has %lld", what,
-		               (long long)m->cols, (long long)cols);
-	if (bytes > 0 && m->data == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "%s: null data", what);
-	return DP_OK;
+		return dp_fail(msg, msg_len, DP_ERR_INVALID, "%s: %lld columns, the sequence has %lld", name, (long long)m->cols,
+		               (long long)cols);
+	return dp_fail(msg, msg_len, DP_ERR_INVALID, "%s: null data", name);
 }
 
 /* validate checks a whole plan before anything is written. */
@@ -28,8 +34,8 @@ static dp_status validate(const dp_merge_plan *p, char *msg, size_t msg_len) {
 	const int64_t d = p->dst.cols;
 	dp_status st;
 	if (d <= 0 && p->dst.rows > 0) return dp_fail(msg, msg_len, DP_ERR_INVALID, "dst: %lld columns", (long long)d);
-	if ((st = check_matrix(&p->dst, "dst", d, msg, msg_len)) != DP_OK) return st;
-	if ((st = check_matrix(&p->table, "embedding table", d, msg, msg_len)) != DP_OK) return st;
+	if ((st = check_matrix(&p->dst, "dst", -1, d, msg, msg_len)) != DP_OK) return st;
+	if ((st = check_matrix(&p->table, "embedding table", -1, d, msg, msg_len)) != DP_OK) return st;
 	if (p->n_text < 0 || (p->n_text > 0 && p->text_ids == NULL))
 		return dp_fail(msg, msg_len, DP_ERR_INVALID, "text ids: %lld ids, pointer %s", (long long)p->n_text,
 		               p->text_ids ? "set" : "null");
@@ -40,9 +46,7 @@ static dp_status validate(const dp_merge_plan *p, char *msg, size_t msg_len) {
 	int64_t end = 0, media = 0;
 	for (int64_t k = 0; k < p->n_spans; k++) {
 		const dp_span *s = &p->spans[k];
-		char what[48];
-		snprintf(what, sizeof what, "span %lld", (long long)k);
-		if ((st = check_matrix(&s->src, what, d, msg, msg_len)) != DP_OK) return st;
+		if ((st = check_matrix(&s->src, "span", k, d, msg, msg_len)) != DP_OK) return st;
 		if (s->dst_row < 0)
 			return dp_fail(msg, msg_len, DP_ERR_BOUNDS, "span %lld: starts at row %lld", (long long)k, (long long)s->dst_row);
 		if (s->dst_row < end)

@@ -134,12 +134,13 @@ func randomLayout(r *rand.Rand, rows int) []int {
 }
 
 // Large enough for several threads (the kernel gives each at least 1 MiB), so thread
-// boundaries fall inside text runs and spans.
+// boundaries fall inside text runs and spans. The destination is f32 so every row is a copy
+// or a widening, which the reference does quickly; narrowing is the same code with one thread.
 func TestMergeThreaded(t *testing.T) {
 	r := newRand(t)
 	for _, threads := range []int{2, 3, 4, 7} {
 		layout := randomLayout(r, 4096)
-		in := buildMerge(r, layout, 1024, 1000, F16, []DType{F16, F16, BF16, F32}, F16)
+		in := buildMerge(r, layout, 512, 1000, F16, []DType{F32, F16, BF16}, F32)
 		in.Threads = threads
 		checkMerge(t, in, fmt.Sprintf("threads=%d, %d segments", threads, len(layout)))
 	}

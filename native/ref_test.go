@@ -121,6 +121,10 @@ func refConvert(dst []byte, dt DType, src []byte, st DType) {
 
 // refConvertAll converts a whole buffer element by element.
 func refConvertAll(dst []byte, dt DType, src []byte, st DType) {
+	if dt == st {
+		copy(dst, src) // a copy keeps every bit, NaN payloads included
+		return
+	}
 	ds, ss := dt.Size(), st.Size()
 	for i := 0; i*ss < len(src); i++ {
 		refConvert(dst[i*ds:], dt, src[i*ss:], st)
@@ -137,8 +141,10 @@ func newRand(t testing.TB) *rand.Rand {
 // randomBytes fills n bytes with random data that is never all zeros.
 func randomBytes(r *rand.Rand, n int) []byte {
 	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
+	var word [8]byte
+	for i := 0; i < n; i += 8 {
+		binary.LittleEndian.PutUint64(word[:], r.Uint64())
+		copy(b[i:], word[:])
 	}
 	if n > 0 {
 		b[0] |= 1
