@@ -9,6 +9,7 @@ LDFLAGS     := -X dataplane/dataplane.Version=$(VERSION)
 ARGS        ?=
 BENCH       ?= .
 BENCH_COUNT ?= 6
+BENCH_PKGS  ?= ./...
 FUZZTIME    ?= 30s
 
 .PHONY: help build run test bench cuda fuzz clean deps-build deps-test
@@ -18,7 +19,7 @@ help:
 	@echo "make run     build, then 'dataplane serve' on the embedded defaults (ARGS='--listen :9000' to change)"
 	@echo "make test    go vet, go test -race, the C tests through CMake/ctest, and again under ASan/UBSan"
 	@echo "             (installs gcc/cmake if missing)"
-	@echo "make bench   Go and C benchmarks with same-run memcpy baselines, summarised by benchstat"
+	@echo "make bench   Go benchmarks (BENCH_PKGS, BENCH, BENCH_COUNT) summarised by benchstat, then every C bench_*"
 	@echo "make fuzz    every fuzz target for FUZZTIME each (default $(FUZZTIME))"
 	@echo "make cuda    the CUDA plugin (needs a CUDA toolkit; says so when there is none)"
 	@echo "make clean   remove bin/ and build/"
@@ -57,11 +58,11 @@ test: deps-test
 
 bench: deps-test
 	@mkdir -p $(BUILD)
-	$(GO) test -run '^$$' -bench '$(BENCH)' -count $(BENCH_COUNT) ./native | tee $(BUILD)/bench-go.txt
+	$(GO) test -run '^$$' -bench '$(BENCH)' -count $(BENCH_COUNT) $(BENCH_PKGS) | tee $(BUILD)/bench-go.txt
 	$(GO) tool benchstat $(BUILD)/bench-go.txt
 	cmake -S . -B $(BUILD) -DDATAPLANE_CUDA=AUTO
-	cmake --build $(BUILD) --parallel --target bench_merge
-	$(BUILD)/bench_merge
+	cmake --build $(BUILD) --parallel
+	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b || exit 1; done
 
 fuzz:
 	@for pkg in $$($(GO) list ./...); do \
