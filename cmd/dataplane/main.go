@@ -8,11 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -20,13 +19,36 @@ import (
 	"dataplane/native"
 )
 
-const usage = `dataplane: the multimodal data plane for LLM serving
+// A command is one subcommand. Each lives in its own file and registers itself from init, so
+// adding one touches no other file.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
 
-Usage:
-  dataplane serve [flags]    run the daemon (dataplane serve -h for flags)
-  dataplane version          print the version and the native kernels in use
-  dataplane help             this text
-`
+var commands []command
+
+func register(c command) { commands = append(commands, c) }
+
+func init() {
+	register(command{"version", "print the version and the native kernels in use", func(_ context.Context, _ []string, stdout, _ io.Writer) error {
+		printVersion(stdout)
+		return nil
+	}})
+}
+
+func usage() string {
+	var b strings.Builder
+	b.WriteString("dataplane: the multimodal data plane for LLM serving\n\nUsage:\n")
+	cmds := slices.Clone(commands)
+	slices.SortFunc(cmds, func(a, b command) int { return strings.Compare(a.name, b.name) })
+	for _, c := range cmds {
+		fmt.Fprintf(&b, "  dataplane %-12s %s\n", c.name, c.summary)
+	}
+	b.WriteString("  dataplane help         this text\n")
+	return b.String()
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -36,27 +58,28 @@ func main() {
 }
 
 // run executes one subcommand and returns the process exit code: 0 ok, 1 failure, 2 usage.
+// A command returns errUsage (after printing what was wrong) for bad arguments.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
-	var err error
-	switch args[0] {
-	case "serve":
-		err = serve(ctx, args[1:], stderr)
-	case "version", "--version", "-version":
-		printVersion(stdout)
+	name := args[0]
+	switch name {
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
-	default:
-		fmt.Fprintf(stderr, "dataplane: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprint(stdout, usage())
+		return 0
+	case "--version", "-version":
+		name = "version"
+	}
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == name })
+	if i < 0 {
+		fmt.Fprintf(stderr, "dataplane: unknown command %q\n\n%s", args[0], usage())
 		return 2
 	}
+	err := commands[i].run(ctx, args[1:], stdout, stderr)
 	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, flag.ErrHelp):
+	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
 		return 2
@@ -80,50 +103,4 @@ func isaList() string {
 		names = append(names, isa.String())
 	}
 	return strings.Join(names, ", ")
-}
-
-func serve(ctx context.Context, args []string, stderr io.Writer) error {
-	opts := dataplane.DefaultOptions()
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&opts.Listen, "listen", opts.Listen, "HOST:PORT to serve the HTTP API on")
-	fs.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", opts.ShutdownTimeout, "how long shutdown waits for requests in flight")
-	fs.IntVar(&opts.MaxBodyBytes, "max-body-bytes", opts.MaxBodyBytes, "largest request body accepted (larger: 413)")
-	fs.DurationVar(&opts.ReadTimeout, "read-timeout", opts.ReadTimeout, "time allowed to read a whole request")
-	fs.DurationVar(&opts.WriteTimeout, "write-timeout", opts.WriteTimeout, "time allowed to write a whole response")
-	fs.DurationVar(&opts.IdleTimeout, "idle-timeout", opts.IdleTimeout, "keep-alive connections idle this long are closed")
-	fs.IntVar(&opts.MaxConns, "max-conns", opts.MaxConns, "most concurrent connections")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "serve: unexpected arguments %q\n", fs.Args())
-		return errUsage
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "serve: -log-level: %v\n", err)
-		return errUsage
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-
-	ln, err := net.Listen("tcp", opts.Listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	log.Info("dataplane starting", "version", dataplane.Version, "go", runtime.Version(),
-		"listen", ln.Addr().String(), "max_body_bytes", opts.MaxBodyBytes, "max_conns", opts.MaxConns,
-		"read_timeout", opts.ReadTimeout, "write_timeout", opts.WriteTimeout, "idle_timeout", opts.IdleTimeout,
-		"shutdown_timeout", opts.ShutdownTimeout)
-	log.Info("backends", "cpu", native.BestISA().String(), "cpu_supported", isaList(),
-		"cuda", "none (the CUDA plugin is not part of this build yet)")
-	err = dataplane.NewServer(opts, log).Serve(ctx, ln)
-	if err == nil {
-		log.Info("stopped")
-	}
-	return err
 }
