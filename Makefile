@@ -54,7 +54,7 @@ test: deps-test
 	cmake -S . -B $(BUILD)/sanitize -DDATAPLANE_CUDA=OFF -DDATAPLANE_SANITIZE=ON
 	cmake --build $(BUILD)/sanitize --parallel
 	ctest --test-dir $(BUILD)/sanitize --output-on-failure
-	$(GO) test -asan -count=1 ./native
+	$(GO) test -asan -count=1 ./native ./dataplane/encoder
 
 bench: deps-test
 	@mkdir -p $(BUILD)

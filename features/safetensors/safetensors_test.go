@@ -12,13 +12,13 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-)
 
-const fixtures = "../../../shared/fixtures"
+	"dataplane/native/fixtures"
+)
 
 // The fixture checkpoints were written by PyTorch's safetensors; their configs say the shapes.
 func TestOpenFixtureCheckpoints(t *testing.T) {
-	f, err := Open(filepath.Join(fixtures, "clip_vit_tiny_random.safetensors"))
+	f, err := Open(fixtures.Path(t, "clip_vit_tiny_random.safetensors"))
 	require.NoError(t, err)
 	defer f.Close()
 	var cfg struct {
@@ -27,7 +27,7 @@ func TestOpenFixtureCheckpoints(t *testing.T) {
 		ImageSize       int `json:"image_size"`
 		NumHiddenLayers int `json:"num_hidden_layers"`
 	}
-	raw, err := os.ReadFile(filepath.Join(fixtures, "clip_vit_tiny_random_config.json"))
+	raw, err := os.ReadFile(fixtures.Path(t, "clip_vit_tiny_random_config.json"))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(raw, &cfg))
 	require.Equal(t, "pt", f.Metadata["format"])
@@ -50,7 +50,7 @@ func TestOpenFixtureCheckpoints(t *testing.T) {
 	require.Len(t, vals, pe.Elements())
 	require.Equal(t, math.Float32frombits(binary.LittleEndian.Uint32(pe.Data)), vals[0])
 
-	w, err := Open(filepath.Join(fixtures, "whisper_enc_tiny_random.safetensors"))
+	w, err := Open(fixtures.Path(t, "whisper_enc_tiny_random.safetensors"))
 	require.NoError(t, err)
 	defer w.Close()
 	_, ok = w.Tensor("model.encoder.conv1.weight")

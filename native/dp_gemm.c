@@ -1,0 +1,337 @@
+/* dp_gemm.c: f32 matrix multiplication, blocked and packed (the BLIS scheme), with a 6x16
+ * AVX2/FMA micro-kernel and a portable one over the same packed layouts.
+ *
+ * B (the weights, or the second activation) is packed once into KC-row blocks of NR-column
+ * panels: [k block][panel][kc][NR], zero-padded to a multiple of NR columns. Each thread packs
+ * the rows of A it needs into MR-row panels ([panel][kc][MR], zero-padded) one MC x KC block at
+ * a time, then runs the micro-kernel over its share of the tiles. A micro-panel of A (6 x 256
+ * floats, 6 KiB) and one of B (16 x 256, 16 KiB) sit in L1; the A block (MC x KC) in L2. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp_encoder.h"
+#include "dp_internal.h"
+
+#if DP_X86
+#include <immintrin.h>
+#endif
+
+enum { MR = 6, NR = 16, KC = 256, MC = 120 };
+
+struct dp_packed {
+	int64_t n, k, npanels;
+	float *data; /* [ceil(k/KC)][npanels][kc][NR] */
+};
+
+int64_t dp_packed_rows(const dp_packed *p) { return p->n; }
+int64_t dp_packed_cols(const dp_packed *p) { return p->k; }
+
+void dp_packed_free(dp_packed *p) {
+	if (p == NULL) return;
+	free(p->data);
+	free(p);
+}
+
+/* pack_b fills p from a source whose element (row p of B, column j) is src[j*sj + p*sp]. */
+static void pack_b(dp_packed *p, const float *src, int64_t sj, int64_t sp) {
+	float *dst = p->data;
+	for (int64_t p0 = 0; p0 < p->k; p0 += KC) {
+		int64_t kc = p->k - p0 < KC ? p->k - p0 : KC;
+		for (int64_t panel = 0; panel < p->npanels; panel++) {
+			for (int64_t q = 0; q < kc; q++, dst += NR) {
+				for (int64_t j = 0; j < NR; j++) {
+					int64_t col = panel * NR + j;
+					dst[j] = col < p->n ? src[col * sj + (p0 + q) * sp] : 0.0f;
+				}
+			}
+		}
+	}
+}
+
+static dp_packed *packed_alloc(int64_t n, int64_t k) {
+	dp_packed *p = calloc(1, sizeof *p);
+	if (p == NULL) return NULL;
+	p->n = n, p->k = k, p->npanels = (n + NR - 1) / NR;
+	p->data = aligned_alloc(64, (size_t)((p->npanels * NR * k * 4 + 63) / 64 * 64) + 64);
+	if (p->data == NULL) {
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+dp_status dp_pack_weights(const dp_matrix *w, dp_packed **out, char *msg, size_t msg_len) {
+	if (w == NULL || out == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "null argument");
+	if (dp_matrix_bytes(w) <= 0 || w->data == NULL)
+		return dp_fail(msg, msg_len, DP_ERR_INVALID, "weights: bad shape [%lld, %lld] or dtype %d", (long long)w->rows,
+		               (long long)w->cols, w->dtype);
+	float *f32 = (float *)w->data;
+	float *tmp = NULL;
+	if (w->dtype != DP_F32) {
+		tmp = malloc((size_t)(w->rows * w->cols) * 4);
+		if (tmp == NULL) return dp_fail(msg, msg_len, DP_ERR_NOMEM, "weights: no memory to convert");
+		dp_converter(DP_F32, w->dtype, dp_isa_best())(tmp, w->data, w->rows * w->cols);
+		f32 = tmp;
+	}
+	dp_packed *p = packed_alloc(w->rows, w->cols);
+	if (p == NULL) {
+		free(tmp);
+		return dp_fail(msg, msg_len, DP_ERR_NOMEM, "weights: no memory to pack [%lld, %lld]", (long long)w->rows,
+		               (long long)w->cols);
+	}
+	pack_b(p, f32, w->cols, 1); /* B = W^T: B[q][j] = W[j][q] */
+	free(tmp);
+	*out = p;
+	return DP_OK;
+}
+
+/* ---- micro-kernels: C[MR x NR] (+)= A panel . B panel over kc; the first k block may add a
+ * bias and either store or accumulate, later blocks always accumulate. ---- */
+
+typedef void (*kernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, const float *bias, int add);
+
+static void kernel_generic(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, const float *bias, int add) {
+	float acc[MR][NR] = {{0}};
+	for (int64_t q = 0; q < kc; q++, a += MR, b += NR)
+		for (int i = 0; i < MR; i++)
+			for (int j = 0; j < NR; j++) acc[i][j] += a[i] * b[j];
+	for (int i = 0; i < MR; i++)
+		for (int j = 0; j < NR; j++) {
+			float v = acc[i][j] + (bias ? bias[j] : 0.0f);
+			c[i * ldc + j] = add ? c[i * ldc + j] + v : v;
+		}
+}
+
+#if DP_X86
+#define DP_AVX2 __attribute__((target("avx2,fma")))
+
+DP_AVX2 static void kernel_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, const float *bias, int add) {
+	__m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+	__m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+	for (int64_t q = 0; q < kc; q++, a += MR, b += NR) {
+		__m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), x;
+		x = _mm256_broadcast_ss(a + 0), c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+		x = _mm256_broadcast_ss(a + 1), c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+		x = _mm256_broadcast_ss(a + 2), c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+		x = _mm256_broadcast_ss(a + 3), c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+		x = _mm256_broadcast_ss(a + 4), c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
+		x = _mm256_broadcast_ss(a + 5), c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+	}
+	__m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+	__m256 bias0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+	__m256 bias1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+	for (int i = 0; i < MR; i++) {
+		float *row = c + i * ldc;
+		__m256 v0 = _mm256_add_ps(acc[i][0], bias0), v1 = _mm256_add_ps(acc[i][1], bias1);
+		if (add) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(row)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(row + 8));
+		_mm256_storeu_ps(row, v0);
+		_mm256_storeu_ps(row + 8, v1);
+	}
+}
+
+DP_AVX2 static float fma_loop_avx2(int64_t iters) {
+	__m256 a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(1e-8f);
+	__m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+	__m256 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+	for (int64_t i = 0; i < iters; i++) {
+		c0 = _mm256_fmadd_ps(a, b, c0), c1 = _mm256_fmadd_ps(a, b, c1), c2 = _mm256_fmadd_ps(a, b, c2);
+		c3 = _mm256_fmadd_ps(a, b, c3), c4 = _mm256_fmadd_ps(a, b, c4), c5 = _mm256_fmadd_ps(a, b, c5);
+		c6 = _mm256_fmadd_ps(a, b, c6), c7 = _mm256_fmadd_ps(a, b, c7), c8 = _mm256_fmadd_ps(a, b, c8);
+		c9 = _mm256_fmadd_ps(a, b, c9), c10 = _mm256_fmadd_ps(a, b, c10), c11 = _mm256_fmadd_ps(a, b, c11);
+		__asm__ volatile("" : "+x"(a)); /* keep the loop from being folded */
+	}
+	__m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+	                         _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
+	s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)));
+	float out[8];
+	_mm256_storeu_ps(out, s);
+	return out[0];
+}
+#endif
+
+static float fma_loop_generic(int64_t iters) {
+	float c[MR * NR] = {0}, a = 1.0f, b = 1e-8f;
+	for (int64_t i = 0; i < iters; i++) {
+		for (int j = 0; j < MR * NR; j++) c[j] += a * b;
+		__asm__ volatile("" : "+r"(a));
+	}
+	float s = 0;
+	for (int j = 0; j < MR * NR; j++) s += c[j];
+	return s;
+}
+
+typedef struct peak_job {
+	int64_t iters;
+	int32_t isa;
+	volatile double sink; /* the loops' sums land here, so the compiler cannot drop them */
+} peak_job;
+
+static void peak_part(void *ctx, int32_t i, int32_t n) {
+	(void)i, (void)n;
+	peak_job *j = ctx;
+#if DP_X86
+	if (j->isa == DP_ISA_AVX2) {
+		j->sink = fma_loop_avx2(j->iters);
+		return;
+	}
+#endif
+	j->sink = fma_loop_generic(j->iters);
+}
+
+double dp_fma_peak(int64_t iters, int32_t n_threads, int32_t isa) {
+	int32_t v = dp_isa_resolve(isa);
+	if (v < 0 || iters <= 0) return 0;
+	if (n_threads < 1) n_threads = 1;
+	peak_job j = {iters, v, 0};
+	dp_parallel_for(n_threads, peak_part, &j);
+#if DP_X86
+	if (v == DP_ISA_AVX2) return (double)iters * 12 * 8 * 2 * n_threads;
+#endif
+	return (double)iters * MR * NR * 2 * n_threads;
+}
+
+/* ---- the driver ---- */
+
+typedef struct gemm_job {
+	const float *a;
+	int64_t m, lda;
+	const dp_packed *b;
+	const float *bias;
+	float *c;
+	int64_t ldc;
+	int accumulate;
+	kernel_fn kernel;
+	int split_n; /* threads split the column panels (else the rows) */
+	int failed;  /* a thread could not get its packing buffer */
+} gemm_job;
+
+/* pack_a copies rows [i0, i0+mc) x columns [p0, p0+kc) of A into MR-row panels. */
+static void pack_a(float *dst, const float *a, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc) {
+	for (int64_t ir = 0; ir < mc; ir += MR) {
+		int64_t rows = mc - ir < MR ? mc - ir : MR;
+		const float *src = a + (i0 + ir) * lda + p0;
+		for (int64_t q = 0; q < kc; q++, dst += MR) {
+			int64_t i = 0;
+			for (; i < rows; i++) dst[i] = src[i * lda + q];
+			for (; i < MR; i++) dst[i] = 0.0f;
+		}
+	}
+}
+
+/* tile runs one micro-kernel call, through a scratch tile at the edges of C. */
+static void tile(const gemm_job *j, int64_t kc, const float *ap, const float *bp, int64_t row, int64_t col, const float *bias,
+                 int add) {
+	int64_t rows = j->m - row < MR ? j->m - row : MR, cols = j->b->n - col < NR ? j->b->n - col : NR;
+	float *c = j->c + row * j->ldc + col;
+	if (rows == MR && cols == NR) {
+		j->kernel(kc, ap, bp, c, j->ldc, bias, add);
+		return;
+	}
+	float t[MR * NR], tb[NR];
+	if (bias != NULL) {
+		memset(tb, 0, sizeof tb);
+		memcpy(tb, bias, (size_t)cols * 4);
+	}
+	for (int64_t i = 0; i < rows; i++) memcpy(t + i * NR, c + i * j->ldc, (size_t)cols * 4);
+	j->kernel(kc, ap, bp, t, NR, bias ? tb : NULL, add);
+	for (int64_t i = 0; i < rows; i++) memcpy(c + i * j->ldc, t + i * NR, (size_t)cols * 4);
+}
+
+static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
+	gemm_job *j = ctx;
+	const dp_packed *b = j->b;
+	int64_t panel0 = 0, panel1 = b->npanels, row0 = 0, row1 = j->m;
+	if (j->split_n) {
+		panel0 = b->npanels * t / n_threads, panel1 = b->npanels * (t + 1) / n_threads;
+	} else { /* split rows in whole MR panels */
+		int64_t panels = (j->m + MR - 1) / MR;
+		row0 = panels * t / n_threads * MR, row1 = panels * (t + 1) / n_threads * MR;
+		if (row1 > j->m) row1 = j->m;
+	}
+	if (panel0 >= panel1 || row0 >= row1) return;
+	float *abuf = aligned_alloc(64, (size_t)MC * KC * 4);
+	if (abuf == NULL) {
+		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	const float *bblock = b->data;
+	for (int64_t p0 = 0; p0 < b->k; p0 += KC) {
+		int64_t kc = b->k - p0 < KC ? b->k - p0 : KC;
+		int first = p0 == 0;
+		for (int64_t i0 = row0; i0 < row1; i0 += MC) {
+			int64_t mc = row1 - i0 < MC ? row1 - i0 : MC;
+			pack_a(abuf, j->a, j->lda, i0, mc, p0, kc);
+			for (int64_t panel = panel0; panel < panel1; panel++) {
+				const float *bp = bblock + panel * kc * NR;
+				const float *bias = first && j->bias ? j->bias + panel * NR : NULL;
+				for (int64_t ir = 0; ir < mc; ir += MR)
+					tile(j, kc, abuf + ir * kc, bp, i0 + ir, panel * NR, bias, first ? j->accumulate : 1);
+			}
+		}
+		bblock += kc * b->npanels * NR;
+	}
+	free(abuf);
+}
+
+static dp_status run_gemm(gemm_job *j, int32_t n_threads, int32_t isa, char *msg, size_t msg_len) {
+	int32_t v = dp_isa_resolve(isa);
+	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "instruction set %d not supported here", isa);
+	j->kernel = kernel_generic;
+#if DP_X86
+	if (v == DP_ISA_AVX2) j->kernel = kernel_avx2;
+#endif
+	if (j->m == 0 || j->b->n == 0) return DP_OK;
+	if (j->b->k == 0) { /* an empty sum: C = bias (or unchanged when accumulating) */
+		for (int64_t i = 0; i < j->m && !j->accumulate; i++)
+			for (int64_t c = 0; c < j->b->n; c++) j->c[i * j->ldc + c] = j->bias ? j->bias[c] : 0.0f;
+		return DP_OK;
+	}
+	/* Enough work for each thread: at least ~1 MFLOP. */
+	double flops = 2.0 * (double)j->m * (double)j->b->n * (double)j->b->k;
+	if (n_threads > flops / 1e6) n_threads = (int32_t)(flops / 1e6);
+	if (n_threads < 1) n_threads = 1;
+	int64_t row_panels = (j->m + MR - 1) / MR;
+	j->split_n = j->b->npanels >= 4 * (int64_t)n_threads || j->b->npanels >= row_panels;
+	dp_parallel_for(n_threads, gemm_part, j);
+	if (j->failed) return dp_fail(msg, msg_len, DP_ERR_NOMEM, "no memory for a packing buffer");
+	return DP_OK;
+}
+
+static dp_status check_gemm_args(const float *a, int64_t m, int64_t k, int64_t lda, const float *c, int64_t n, int64_t ldc,
+                                 char *msg, size_t msg_len) {
+	if (m < 0 || n < 0 || k < 0) return dp_fail(msg, msg_len, DP_ERR_INVALID, "negative size (m %lld, n %lld, k %lld)",
+		                                            (long long)m, (long long)n, (long long)k);
+	if (lda < k || ldc < n)
+		return dp_fail(msg, msg_len, DP_ERR_INVALID, "row strides (lda %lld, ldc %lld) shorter than rows (k %lld, n %lld)",
+		               (long long)lda, (long long)ldc, (long long)k, (long long)n);
+	if ((m > 0 && k > 0 && a == NULL) || (m > 0 && n > 0 && c == NULL)) return dp_fail(msg, msg_len, DP_ERR_INVALID, "null matrix");
+	return DP_OK;
+}
+
+dp_status dp_gemm_packed(const float *a, int64_t m, int64_t lda, const dp_packed *w, const float *bias, float *c,
+                         int64_t ldc, int32_t accumulate, int32_t n_threads, int32_t isa, char *msg, size_t msg_len) {
+	if (w == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "null weights");
+	dp_status st = check_gemm_args(a, m, w->k, lda, c, w->n, ldc, msg, msg_len);
+	if (st != DP_OK) return st;
+	gemm_job j = {.a = a, .m = m, .lda = lda, .b = w, .bias = bias, .c = c, .ldc = ldc, .accumulate = accumulate != 0};
+	return run_gemm(&j, n_threads, isa, msg, msg_len);
+}
+
+dp_status dp_gemm(const float *a, int64_t m, int64_t k, int64_t lda, const float *b, int64_t n, int64_t ldb,
+                  int32_t trans_b, float *c, int64_t ldc, int32_t accumulate, int32_t n_threads, int32_t isa, char *msg,
+                  size_t msg_len) {
+	dp_status st = check_gemm_args(a, m, k, lda, c, n, ldc, msg, msg_len);
+	if (st != DP_OK) return st;
+	if (ldb < (trans_b ? k : n) || (k > 0 && n > 0 && b == NULL))
+		return dp_fail(msg, msg_len, DP_ERR_INVALID, "B: null or row stride %lld too short", (long long)ldb);
+	dp_packed *p = packed_alloc(n, k);
+	if (p == NULL) return dp_fail(msg, msg_len, DP_ERR_NOMEM, "no memory to pack B [%lld, %lld]", (long long)k, (long long)n);
+	if (trans_b)
+		pack_b(p, b, ldb, 1); /* B^T given as [n, k]: B[q][j] = b[j*ldb + q] */
+	else
+		pack_b(p, b, 1, ldb); /* B given as [k, n]: B[q][j] = b[q*ldb + j] */
+	gemm_job j = {.a = a, .m = m, .lda = lda, .b = p, .c = c, .ldc = ldc, .accumulate = accumulate != 0};
+	st = run_gemm(&j, n_threads, isa, msg, msg_len);
+	dp_packed_free(p);
+	return st;
+}
