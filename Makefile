@@ -45,11 +45,13 @@ build: deps-build
 run: build
 	./$(BIN) serve $(ARGS)
 
+# The C build comes first: the Go tests load build/libdataplane_cpu_plugin.so through the real
+# plugin loader (package cuda) and run the backend conformance suite through it.
 test: deps-test
-	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
 	cmake -S . -B $(BUILD) -DDATAPLANE_CUDA=AUTO
 	cmake --build $(BUILD) --parallel
+	$(GO) vet ./...
+	DATAPLANE_TEST_PLUGIN=$(CURDIR)/$(BUILD)/libdataplane_cpu_plugin.so $(GO) test -race -count=1 ./...
 	ctest --test-dir $(BUILD) --output-on-failure
 	cmake -S . -B $(BUILD)/sanitize -DDATAPLANE_CUDA=OFF -DDATAPLANE_SANITIZE=ON
 	cmake --build $(BUILD)/sanitize --parallel

@@ -159,20 +159,35 @@ type Encoder struct {
 // returns.
 func NewEncoder(cfg EncoderConfig, weights []Matrix) (*Encoder, error) {
 	const op = "NewEncoder"
-	if len(weights) != WeightCount(cfg.Layers) {
-		return nil, invalid(op, "%d weights, %d layers need %d", len(weights), cfg.Layers, WeightCount(cfg.Layers))
-	}
-	var pin runtime.Pinner
+	cw, cc, pin, err := encoderArgs(op, cfg, weights)
 	defer pin.Unpin()
-	cw := make([]C.dp_matrix, len(weights))
+	if err != nil {
+		return nil, err
+	}
+	var msg msgBuf
+	var e *C.dp_encoder
+	if err := errorOf(op, C.dp_encoder_create(&cc, cw, C.int64_t(len(weights)), &e, msg.ptr(), msg.len()), &msg); err != nil {
+		return nil, err
+	}
+	return &Encoder{e: e, cfg: cfg}, nil
+}
+
+// encoderArgs checks the weights and builds the C config and weight list (pinned until the
+// caller unpins, after the C call).
+func encoderArgs(op string, cfg EncoderConfig, weights []Matrix) (*C.dp_matrix, C.dp_encoder_config, *runtime.Pinner, error) {
+	pin := new(runtime.Pinner)
+	if len(weights) != WeightCount(cfg.Layers) {
+		return nil, C.dp_encoder_config{}, pin, invalid(op, "%d weights, %d layers need %d", len(weights), cfg.Layers, WeightCount(cfg.Layers))
+	}
+	cw := make([]C.dp_matrix, len(weights)+1) // +1: never empty
 	for i, w := range weights {
 		if w.Data == nil {
 			continue
 		}
 		if err := w.check(op, fmt.Sprintf("weight %d", i)); err != nil {
-			return nil, err
+			return nil, C.dp_encoder_config{}, pin, err
 		}
-		cw[i] = w.c(&pin)
+		cw[i] = w.c(pin)
 	}
 	cc := C.dp_encoder_config{
 		arch: C.int32_t(cfg.Arch), hidden: C.int32_t(cfg.Hidden), intermediate: C.int32_t(cfg.Intermediate),
@@ -181,16 +196,7 @@ func NewEncoder(cfg EncoderConfig, weights []Matrix) (*Encoder, error) {
 		n_mels: C.int32_t(cfg.NMels), max_positions: C.int32_t(cfg.MaxPositions), proj_dim: C.int32_t(cfg.ProjDim),
 		projector_dim: C.int32_t(cfg.ProjectorDim), projector_act: C.int32_t(cfg.ProjectorAct),
 	}
-	var msg msgBuf
-	var e *C.dp_encoder
-	var wp *C.dp_matrix
-	if len(cw) > 0 {
-		wp = unsafe.SliceData(cw)
-	}
-	if err := errorOf(op, C.dp_encoder_create(&cc, wp, C.int64_t(len(cw)), &e, msg.ptr(), msg.len()), &msg); err != nil {
-		return nil, err
-	}
-	return &Encoder{e: e, cfg: cfg}, nil
+	return &cw[0], cc, pin, nil
 }
 
 // Config is the configuration the encoder was built with.

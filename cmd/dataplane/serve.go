@@ -8,8 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
+	"time"
 
+	"dataplane/cuda"
 	"dataplane/dataplane"
 	"dataplane/native"
 )
@@ -32,6 +35,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&opts.IdleTimeout, "idle-timeout", opts.IdleTimeout, "keep-alive connections idle this long are closed")
 	fs.IntVar(&opts.MaxConns, "max-conns", opts.MaxConns, "most concurrent connections")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	cudaPlugin := fs.String("cuda-plugin", "", "CUDA plugin file (default: $DATAPLANE_CUDA_PLUGIN, beside the binary, build/cuda/)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -57,11 +61,50 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		"listen", ln.Addr().String(), "max_body_bytes", opts.MaxBodyBytes, "max_conns", opts.MaxConns,
 		"read_timeout", opts.ReadTimeout, "write_timeout", opts.WriteTimeout, "idle_timeout", opts.IdleTimeout,
 		"shutdown_timeout", opts.ShutdownTimeout)
-	log.Info("backends", "cpu", native.BestISA().String(), "cpu_supported", isaList(),
-		"cuda", "none (the CUDA plugin is not part of this build yet)")
-	err = dataplane.NewServer(opts, log).Serve(ctx, ln)
+	srv := dataplane.NewServer(opts, log)
+	backend := selectBackend(ctx, *cudaPlugin, log)
+	log.Info("backends", "cpu", native.BestISA().String(), "cpu_supported", isaList(), "cuda", backend.cuda, "using", backend.name)
+	if backend.nvml != nil {
+		defer backend.nvml.Close()
+		srv.Registry().MustRegister(backend.nvml.Collector())
+	}
+	err = srv.Serve(ctx, ln)
 	if err == nil {
 		log.Info("stopped")
 	}
 	return err
+}
+
+// backendChoice is the backend serve runs on and what to log about CUDA.
+type backendChoice struct {
+	b    *native.Backend
+	name string
+	cuda string // one line: where the plugin is and what it drives, or why it is off
+	nvml *cuda.NVML
+}
+
+// selectBackend probes the GPUs in a child process (a driver crash takes only the child down)
+// and loads the CUDA plugin when it found one that drives a GPU; otherwise the CPU backend.
+func selectBackend(ctx context.Context, explicit string, log *slog.Logger) backendChoice {
+	choice := backendChoice{b: native.CPU(), name: "cpu"}
+	exe, err := os.Executable()
+	if err != nil {
+		choice.cuda = "off: cannot find this executable to run the GPU probe: " + err.Error()
+		return choice
+	}
+	report := cuda.Probe(ctx, exe, explicit, 20*time.Second)
+	choice.cuda = report.Summary()
+	if report.Usable() {
+		if b, err := cuda.Open(report.Plugin); err != nil {
+			choice.cuda = "off: " + err.Error() + "; running on the CPU backend"
+		} else {
+			choice.b, choice.name = b, b.Name()
+		}
+	}
+	if n, err := cuda.OpenNVML(); err == nil {
+		choice.nvml = n
+	} else {
+		log.Debug("no GPU metrics", "reason", err)
+	}
+	return choice
 }

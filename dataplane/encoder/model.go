@@ -29,18 +29,41 @@ type Model struct {
 }
 
 // Load reads dir/config.json and dir/*.safetensors, checks every tensor against the config
-// (errors name the tensor) and packs the weights for the kernels; the files are closed again
-// before it returns.
+// (errors name the tensor) and packs the weights for the CPU kernels; the files are closed
+// again before it returns.
 func Load(dir string, opts Options) (*Model, error) {
-	spec, err := ReadSpec(dir)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", dir, err)
-	}
-	ck, err := openCheckpoint(dir)
+	spec, weights, closeFiles, err := LoadWeights(dir)
 	if err != nil {
 		return nil, err
 	}
-	defer ck.Close()
+	defer closeFiles()
+	enc, err := native.NewEncoder(spec.Config, weights)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	m := &Model{Name: filepath.Base(filepath.Clean(dir)), Spec: spec, enc: enc, thread: opts.Threads}
+	sel := spec.Select
+	if opts.Select != nil {
+		sel = *opts.Select
+	}
+	if err := m.SetSelect(sel); err != nil {
+		enc.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// LoadWeights reads a checkpoint directory into its Spec and the encoder's weight slots
+// (views of the memory-mapped files, valid until closeFiles), for creating encoders on any
+// backend (native.NewEncoder, native.Backend.NewEncoder).
+func LoadWeights(dir string) (spec Spec, weights []native.Matrix, closeFiles func(), err error) {
+	if spec, err = ReadSpec(dir); err != nil {
+		return spec, nil, nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	ck, err := openCheckpoint(dir)
+	if err != nil {
+		return spec, nil, nil, err
+	}
 	c := spec.Config
 	var prefix string
 	var ok bool
@@ -50,7 +73,8 @@ func Load(dir string, opts Options) (*Model, error) {
 		prefix, ok = ck.findPrefix(vitPrefixes, "embeddings.patch_embedding.weight")
 	}
 	if !ok {
-		return nil, fmt.Errorf("%w: %s: no %v encoder tensors (looked for conv1.weight / embeddings.patch_embedding.weight under the usual prefixes)",
+		ck.Close()
+		return spec, nil, nil, fmt.Errorf("%w: %s: no %v encoder tensors (looked for conv1.weight / embeddings.patch_embedding.weight under the usual prefixes)",
 			ErrWeights, dir, c.Arch)
 	}
 	projRoot, _ := ck.findPrefix(projectorRoots, "linear_1.weight")
@@ -58,27 +82,12 @@ func Load(dir string, opts Options) (*Model, error) {
 	if !hasProj {
 		c.ProjDim = 0
 	}
-	w, err := ck.weights(c, slots(c, prefix, projRoot, hasProj))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", dir, err)
-	}
-	enc, err := native.NewEncoder(c, w)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", dir, err)
+	if weights, err = ck.weights(c, slots(c, prefix, projRoot, hasProj)); err != nil {
+		ck.Close()
+		return spec, nil, nil, fmt.Errorf("%s: %w", dir, err)
 	}
 	spec.Config = c
-	m := &Model{Name: filepath.Base(filepath.Clean(dir)), Spec: spec, enc: enc, thread: opts.Threads}
-	if err := m.SetSelect(spec.Select); err != nil {
-		enc.Close()
-		return nil, err
-	}
-	if opts.Select != nil {
-		if err := m.SetSelect(*opts.Select); err != nil {
-			enc.Close()
-			return nil, err
-		}
-	}
-	return m, nil
+	return spec, weights, ck.Close, nil
 }
 
 // SetSelect changes which features Run returns.

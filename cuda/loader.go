@@ -1,0 +1,90 @@
+// Package cuda finds, checks and opens the CUDA plugin (libdataplane_cuda.so, built by CMake
+// from this folder) at run time, reads GPU memory and utilisation through NVML, and probes the
+// GPUs in a short-lived child process so a driver crash cannot take the daemon down. Nothing
+// here needs CUDA to build: the plugin is dlopen'ed, NVML too (through go-nvml).
+package cuda
+
+/*
+#cgo LDFLAGS: -ldl
+#cgo CFLAGS: -I${SRCDIR}/../native
+#include <dlfcn.h>
+#include <stdlib.h>
+#include "dp_backend.h"
+
+static const dp_backend *call_plugin_init(void *fn) { return ((dp_plugin_init_fn)fn)(); }
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"unsafe"
+
+	"dataplane/native"
+)
+
+// PluginName is the plugin's file name.
+const PluginName = "libdataplane_cuda.so"
+
+// EnvPlugin names the environment variable that points at the plugin.
+const EnvPlugin = "DATAPLANE_CUDA_PLUGIN"
+
+// ErrNoPlugin: no plugin file was found where Candidates looked.
+var ErrNoPlugin = errors.New("CUDA plugin not found")
+
+// Candidates lists where the plugin is looked for, in order: the explicit path (a flag) if
+// set, else $DATAPLANE_CUDA_PLUGIN if set, else beside the executable, then the CMake build
+// folder of a development checkout (build/cuda/ from the working directory).
+func Candidates(explicit string) []string {
+	if explicit != "" {
+		return []string{explicit}
+	}
+	if env := os.Getenv(EnvPlugin); env != "" {
+		return []string{env}
+	}
+	var out []string
+	if exe, err := os.Executable(); err == nil {
+		out = append(out, filepath.Join(filepath.Dir(exe), PluginName))
+	}
+	return append(out, filepath.Join("build", "cuda", PluginName))
+}
+
+// Find returns the first candidate that exists.
+func Find(explicit string) (string, error) {
+	cands := Candidates(explicit)
+	for _, p := range cands {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w (looked in %v; set --cuda-plugin or $%s)", ErrNoPlugin, cands, EnvPlugin)
+}
+
+// Open loads a plugin file, calls its dp_plugin_init and checks the table's ABI version and
+// entries. The library stays loaded for the life of the process (a backend's memory and
+// encoders may outlive any one caller). It does not touch a GPU: call DeviceCount for that, in
+// a child process first (Probe).
+func Open(path string) (*native.Backend, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	h := C.dlopen(cpath, C.RTLD_NOW|C.RTLD_LOCAL)
+	if h == nil {
+		return nil, fmt.Errorf("open %s: %s", path, C.GoString(C.dlerror()))
+	}
+	csym := C.CString(C.DP_PLUGIN_INIT_SYMBOL)
+	defer C.free(unsafe.Pointer(csym))
+	fn := C.dlsym(h, csym)
+	if fn == nil {
+		C.dlclose(h)
+		return nil, fmt.Errorf("%s is not a dataplane plugin: no %s symbol", path, C.DP_PLUGIN_INIT_SYMBOL)
+	}
+	table := C.call_plugin_init(fn)
+	b, err := native.BackendFromTable(unsafe.Pointer(table))
+	if err != nil {
+		C.dlclose(h)
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return b, nil
+}
