@@ -1,0 +1,618 @@
+// Package openai is the OpenAI-compatible wire format of the daemon's API: chat and text
+// completion requests (with vLLM's multimodal content parts and per-part uuids), a
+// pre-tokenized request, responses, streamed chunks, and errors. Parsing checks everything a
+// handler relies on and names the offending part (messages[1].content[2].image_url.url) in a
+// 400; it does no I/O.
+package openai
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// Limits bound what one request may contain; a request beyond them is a 400 naming the limit.
+type Limits struct {
+	MaxMessages   int // messages in a chat request
+	MaxParts      int // content parts in all messages together
+	MaxMediaItems int // image, audio and video parts together
+	MaxTokens     int // max_tokens / max_completion_tokens
+	MaxPromptIDs  int // token ids in a pre-tokenized or token prompt
+}
+
+// DefaultLimits are generous for chat traffic and small enough to bound memory per request.
+func DefaultLimits() Limits {
+	return Limits{MaxMessages: 1024, MaxParts: 4096, MaxMediaItems: 64, MaxTokens: 1 << 20, MaxPromptIDs: 1 << 20}
+}
+
+// Modality of a media part.
+type Modality string
+
+const (
+	Image Modality = "image"
+	Audio Modality = "audio"
+	Video Modality = "video"
+)
+
+// Media is one media item of a request, in prompt order.
+type Media struct {
+	Modality Modality
+	// URL is where the bytes are: a data: URL, file://, http(s)://. Empty when Data is set or
+	// when UUID refers to an item the server already has.
+	URL string
+	// Data holds bytes given inline (input_audio's base64 data, decoded); Format its format
+	// ("wav", "mp3", ...).
+	Data   []byte
+	Format string
+	// UUID is the client's identifier for the item (vLLM's per-part "uuid"): it replaces the
+	// content hash for caching, and a known uuid may come without the media.
+	UUID string
+	// Path is where it was in the request, for error messages: "messages[1].content[2]".
+	Path string
+}
+
+// Message is one chat message; Parts keeps text and media in order.
+type Message struct {
+	Role  string
+	Parts []Part
+}
+
+// Part is a text or a media part; exactly one of Text (with IsText) or Media is set.
+type Part struct {
+	IsText bool
+	Text   string
+	Media  *Media
+}
+
+// Sampling are the generation parameters the daemon passes to the LLM worker.
+type Sampling struct {
+	MaxTokens   int      // 0: the server's default
+	Temperature *float64 // nil: the worker's default
+	TopP        *float64
+	Seed        *int64
+	Stop        []string
+}
+
+// Extensions are dataplane's own request fields.
+type Extensions struct {
+	// CachePolicy: "discard" (default), "keep[:TTL]", "until-done" (see features.ParsePolicy).
+	CachePolicy string
+	// TextFallback lets the request continue without a media item that failed to encode.
+	TextFallback bool
+	// CacheSalt isolates a tenant's reuse-cache entries (vLLM's cache_salt).
+	CacheSalt string
+	// Priority: "interactive" (default) or "batch"; interactive work is encoded first.
+	Priority string
+}
+
+// ChatRequest is a parsed POST /v1/chat/completions.
+type ChatRequest struct {
+	Model        string
+	Messages     []Message
+	Media        []*Media // every media part, in prompt order (the same pointers as in Messages)
+	Stream       bool
+	IncludeUsage bool
+	Sampling     Sampling
+	Ext          Extensions
+}
+
+// CompletionRequest is a parsed POST /v1/completions: a text prompt or token ids.
+type CompletionRequest struct {
+	Model     string
+	Prompt    string
+	PromptIDs []int32 // set instead of Prompt when the prompt is token ids
+	Stream    bool
+	Echo      bool
+	Sampling  Sampling
+	Ext       Extensions
+}
+
+// PretokenizedRequest is a parsed POST /v1/pretokenized: token ids with the model's
+// placeholder tokens where media go (one per item, or runs already expanded to each item's
+// token count, as Style says), and the media in placeholder order.
+type PretokenizedRequest struct {
+	Model    string
+	TokenIDs []int32
+	Style    string // "single" (default) or "expanded"
+	Media    []*Media
+	Stream   bool
+	Sampling Sampling
+	Ext      Extensions
+}
+
+// Error is an API error: an HTTP status and the body OpenAI clients parse.
+type Error struct {
+	Status  int
+	Type    string // invalid_request_error, not_found_error, ...
+	Message string
+	Param   string // the offending field, when there is one
+}
+
+func (e *Error) Error() string {
+	if e.Param != "" {
+		return e.Param + ": " + e.Message
+	}
+	return e.Message
+}
+
+// errorBody is the JSON shape OpenAI clients parse.
+type errorBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    int     `json:"code"`
+	} `json:"error"`
+}
+
+// Body is the JSON error body.
+func (e *Error) Body() []byte {
+	var b errorBody
+	b.Error.Message, b.Error.Type, b.Error.Param, b.Error.Code = e.Error(), e.Type, nilIfEmpty(e.Param), e.Status
+	out, _ := json.Marshal(b)
+	return out
+}
+
+func nilIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// BadRequest is a 400 about param.
+func BadRequest(param, format string, args ...any) *Error {
+	return &Error{Status: 400, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// ---- chat ----
+
+type rawChat struct {
+	Model         string       `json:"model"`
+	Messages      []rawMessage `json:"messages"`
+	Stream        bool         `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	N                   *int            `json:"n"`
+	Seed                *int64          `json:"seed"`
+	Stop                json.RawMessage `json:"stop"`
+	CachePolicy         string          `json:"cache_policy"`
+	TextFallback        bool            `json:"text_fallback"`
+	CacheSalt           string          `json:"cache_salt"`
+	Priority            string          `json:"priority"`
+}
+
+type rawMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type rawURL struct {
+	URL string `json:"url"`
+}
+
+type rawPart struct {
+	Type       string  `json:"type"`
+	Text       *string `json:"text"`
+	ImageURL   *rawURL `json:"image_url"`
+	VideoURL   *rawURL `json:"video_url"`
+	AudioURL   *rawURL `json:"audio_url"`
+	InputAudio *struct {
+		Data   string `json:"data"`
+		Format string `json:"format"`
+	} `json:"input_audio"`
+	UUID string `json:"uuid"`
+}
+
+var roles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
+
+// ParseChat parses and checks a chat completion request body.
+func ParseChat(body []byte, lim Limits) (*ChatRequest, error) {
+	var raw rawChat
+	if err := decode(body, &raw); err != nil {
+		return nil, err
+	}
+	req := &ChatRequest{Model: raw.Model, Stream: raw.Stream}
+	if raw.StreamOptions != nil {
+		if !raw.Stream {
+			return nil, BadRequest("stream_options", "stream_options is only allowed with stream: true")
+		}
+		req.IncludeUsage = raw.StreamOptions.IncludeUsage
+	}
+	maxTokens := raw.MaxCompletionTokens
+	if maxTokens == nil {
+		maxTokens = raw.MaxTokens
+	}
+	var err error
+	if req.Sampling, err = sampling(maxTokens, raw.Temperature, raw.TopP, raw.N, raw.Seed, raw.Stop, lim); err != nil {
+		return nil, err
+	}
+	if req.Ext, err = extensions(raw.CachePolicy, raw.TextFallback, raw.CacheSalt, raw.Priority); err != nil {
+		return nil, err
+	}
+	if len(raw.Messages) == 0 {
+		return nil, BadRequest("messages", "at least one message is required")
+	}
+	if len(raw.Messages) > lim.MaxMessages {
+		return nil, BadRequest("messages", "%d messages, at most %d", len(raw.Messages), lim.MaxMessages)
+	}
+	parts := 0
+	for i, rm := range raw.Messages {
+		path := fmt.Sprintf("messages[%d]", i)
+		if !roles[rm.Role] {
+			return nil, BadRequest(path+".role", "role %q (want system, developer, user, assistant or tool)", rm.Role)
+		}
+		m := Message{Role: rm.Role}
+		content := bytes.TrimSpace(rm.Content)
+		switch {
+		case len(content) == 0 || string(content) == "null":
+			if rm.Role != "assistant" {
+				return nil, BadRequest(path+".content", "content is required")
+			}
+		case content[0] == '"':
+			var s string
+			if err := json.Unmarshal(content, &s); err != nil {
+				return nil, BadRequest(path+".content", "bad string: %v", err)
+			}
+			m.Parts = []Part{{IsText: true, Text: s}}
+			parts++
+		case content[0] == '[':
+			var rps []rawPart
+			if err := json.Unmarshal(content, &rps); err != nil {
+				return nil, BadRequest(path+".content", "want a string or an array of content parts: %v", jsonMessage(err))
+			}
+			for j, rp := range rps {
+				if parts++; parts > lim.MaxParts {
+					return nil, BadRequest("messages", "more than %d content parts", lim.MaxParts)
+				}
+				p, err := part(rp, fmt.Sprintf("%s.content[%d]", path, j))
+				if err != nil {
+					return nil, err
+				}
+				if p.Media != nil {
+					if rm.Role != "user" {
+						return nil, BadRequest(p.Media.Path, "%s parts are only allowed in user messages", p.Media.Modality)
+					}
+					if len(req.Media) == lim.MaxMediaItems {
+						return nil, BadRequest(p.Media.Path, "more than %d media items in one request", lim.MaxMediaItems)
+					}
+					req.Media = append(req.Media, p.Media)
+				}
+				m.Parts = append(m.Parts, p)
+			}
+		default:
+			return nil, BadRequest(path+".content", "want a string or an array of content parts")
+		}
+		req.Messages = append(req.Messages, m)
+	}
+	return req, nil
+}
+
+// part checks one content part.
+func part(rp rawPart, path string) (Part, error) {
+	media := func(m Modality, ref *rawURL, field string) (Part, error) {
+		url := ""
+		if ref != nil {
+			url = strings.TrimSpace(ref.URL)
+		}
+		if url == "" && rp.UUID == "" {
+			return Part{}, BadRequest(path+"."+field+".url", "a %s part needs %s.url (or a uuid the server has seen)", m, field)
+		}
+		return Part{Media: &Media{Modality: m, URL: url, UUID: rp.UUID, Path: path}}, nil
+	}
+	switch rp.Type {
+	case "text", "input_text":
+		if rp.Text == nil {
+			return Part{}, BadRequest(path+".text", "a text part needs text")
+		}
+		return Part{IsText: true, Text: *rp.Text}, nil
+	case "image_url", "input_image":
+		return media(Image, rp.ImageURL, "image_url")
+	case "video_url":
+		return media(Video, rp.VideoURL, "video_url")
+	case "audio_url":
+		return media(Audio, rp.AudioURL, "audio_url")
+	case "input_audio":
+		if rp.InputAudio == nil || rp.InputAudio.Data == "" {
+			if rp.UUID != "" {
+				return Part{Media: &Media{Modality: Audio, UUID: rp.UUID, Path: path}}, nil
+			}
+			return Part{}, BadRequest(path+".input_audio.data", "an input_audio part needs base64 data")
+		}
+		data, err := decodeBase64(rp.InputAudio.Data)
+		if err != nil {
+			return Part{}, BadRequest(path+".input_audio.data", "bad base64: %v", err)
+		}
+		format := strings.ToLower(rp.InputAudio.Format)
+		if format == "" {
+			return Part{}, BadRequest(path+".input_audio.format", "an input_audio part needs a format (wav, mp3, flac, ...)")
+		}
+		return Part{Media: &Media{Modality: Audio, Data: data, Format: format, UUID: rp.UUID, Path: path}}, nil
+	case "":
+		return Part{}, BadRequest(path+".type", "a content part needs a type")
+	}
+	return Part{}, BadRequest(path+".type", "unsupported content part type %q (want text, image_url, input_audio, audio_url or video_url)", rp.Type)
+}
+
+// ---- completions ----
+
+type rawCompletion struct {
+	Model        string          `json:"model"`
+	Prompt       json.RawMessage `json:"prompt"`
+	Stream       bool            `json:"stream"`
+	Echo         bool            `json:"echo"`
+	MaxTokens    *int            `json:"max_tokens"`
+	Temperature  *float64        `json:"temperature"`
+	TopP         *float64        `json:"top_p"`
+	N            *int            `json:"n"`
+	Seed         *int64          `json:"seed"`
+	Stop         json.RawMessage `json:"stop"`
+	CachePolicy  string          `json:"cache_policy"`
+	TextFallback bool            `json:"text_fallback"`
+	CacheSalt    string          `json:"cache_salt"`
+	Priority     string          `json:"priority"`
+}
+
+// ParseCompletion parses and checks a text completion request body. The prompt is one string
+// or one list of token ids (a list of one of either is accepted too).
+func ParseCompletion(body []byte, lim Limits) (*CompletionRequest, error) {
+	var raw rawCompletion
+	if err := decode(body, &raw); err != nil {
+		return nil, err
+	}
+	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo}
+	var err error
+	if req.Sampling, err = sampling(raw.MaxTokens, raw.Temperature, raw.TopP, raw.N, raw.Seed, raw.Stop, lim); err != nil {
+		return nil, err
+	}
+	if req.Ext, err = extensions(raw.CachePolicy, raw.TextFallback, raw.CacheSalt, raw.Priority); err != nil {
+		return nil, err
+	}
+	if req.Sampling.MaxTokens == 0 {
+		req.Sampling.MaxTokens = 16 // OpenAI's default for completions
+	}
+	p := bytes.TrimSpace(raw.Prompt)
+	if len(p) > 0 && p[0] == '[' { // unwrap a batch of one
+		var batch []json.RawMessage
+		if json.Unmarshal(p, &batch) == nil && len(batch) == 1 {
+			if inner := bytes.TrimSpace(batch[0]); len(inner) > 0 && (inner[0] == '"' || inner[0] == '[') {
+				p = inner
+			}
+		}
+	}
+	switch {
+	case len(p) == 0 || string(p) == "null":
+		return nil, BadRequest("prompt", "prompt is required")
+	case p[0] == '"':
+		if err := json.Unmarshal(p, &req.Prompt); err != nil {
+			return nil, BadRequest("prompt", "bad string: %v", err)
+		}
+	case p[0] == '[':
+		var ids []int64
+		if err := json.Unmarshal(p, &ids); err != nil {
+			return nil, BadRequest("prompt", "want a string, a list of token ids, or a list of one of either (batches are not supported): %v", jsonMessage(err))
+		}
+		if req.PromptIDs, err = tokenIDs(ids, "prompt", lim); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, BadRequest("prompt", "want a string or a list of token ids")
+	}
+	return req, nil
+}
+
+// ---- pre-tokenized ----
+
+type rawPretokenized struct {
+	Model    string  `json:"model"`
+	TokenIDs []int64 `json:"token_ids"`
+	Style    string  `json:"placeholder_style"`
+	Media    []struct {
+		Modality string `json:"modality"`
+		URL      string `json:"url"`
+		Data     string `json:"data"` // base64
+		Format   string `json:"format"`
+		UUID     string `json:"uuid"`
+	} `json:"media"`
+	Stream       bool            `json:"stream"`
+	MaxTokens    *int            `json:"max_tokens"`
+	Temperature  *float64        `json:"temperature"`
+	TopP         *float64        `json:"top_p"`
+	Seed         *int64          `json:"seed"`
+	Stop         json.RawMessage `json:"stop"`
+	CachePolicy  string          `json:"cache_policy"`
+	TextFallback bool            `json:"text_fallback"`
+	CacheSalt    string          `json:"cache_salt"`
+	Priority     string          `json:"priority"`
+}
+
+// ParsePretokenized parses and checks a pre-tokenized request body.
+func ParsePretokenized(body []byte, lim Limits) (*PretokenizedRequest, error) {
+	var raw rawPretokenized
+	if err := decode(body, &raw); err != nil {
+		return nil, err
+	}
+	req := &PretokenizedRequest{Model: raw.Model, Stream: raw.Stream, Style: raw.Style}
+	var err error
+	if req.Sampling, err = sampling(raw.MaxTokens, raw.Temperature, raw.TopP, nil, raw.Seed, raw.Stop, lim); err != nil {
+		return nil, err
+	}
+	if req.Ext, err = extensions(raw.CachePolicy, raw.TextFallback, raw.CacheSalt, raw.Priority); err != nil {
+		return nil, err
+	}
+	switch req.Style {
+	case "":
+		req.Style = "single"
+	case "single", "expanded":
+	default:
+		return nil, BadRequest("placeholder_style", "%q (want single or expanded)", req.Style)
+	}
+	if len(raw.TokenIDs) == 0 {
+		return nil, BadRequest("token_ids", "token_ids is required")
+	}
+	if req.TokenIDs, err = tokenIDs(raw.TokenIDs, "token_ids", lim); err != nil {
+		return nil, err
+	}
+	if len(raw.Media) > lim.MaxMediaItems {
+		return nil, BadRequest("media", "%d media items, at most %d", len(raw.Media), lim.MaxMediaItems)
+	}
+	for i, rm := range raw.Media {
+		path := fmt.Sprintf("media[%d]", i)
+		m := &Media{Modality: Modality(rm.Modality), URL: strings.TrimSpace(rm.URL), UUID: rm.UUID, Format: strings.ToLower(rm.Format), Path: path}
+		switch m.Modality {
+		case Image, Audio, Video:
+		default:
+			return nil, BadRequest(path+".modality", "modality %q (want image, audio or video)", rm.Modality)
+		}
+		if rm.Data != "" {
+			if m.URL != "" {
+				return nil, BadRequest(path, "give url or data, not both")
+			}
+			if m.Data, err = decodeBase64(rm.Data); err != nil {
+				return nil, BadRequest(path+".data", "bad base64: %v", err)
+			}
+		}
+		if m.URL == "" && m.Data == nil && m.UUID == "" {
+			return nil, BadRequest(path, "a media item needs url, data or a uuid the server has seen")
+		}
+		req.Media = append(req.Media, m)
+	}
+	return req, nil
+}
+
+// ---- shared pieces ----
+
+// decode unmarshals a JSON object body, turning syntax and type errors into 400s that say where.
+func decode(body []byte, v any) error {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return BadRequest("", "empty request body: want a JSON object")
+	}
+	if trimmed[0] != '{' {
+		return BadRequest("", "request body is not a JSON object")
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return BadRequest(typeErr.Field, "want %s, got %s", jsonKind(typeErr.Type), typeErr.Value)
+		}
+		return BadRequest("", "malformed JSON: %v", jsonMessage(err))
+	}
+	return nil
+}
+
+// jsonKind names a Go type as the JSON value it decodes from.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	case reflect.Int, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return t.String()
+}
+
+// jsonMessage adds the byte offset to JSON syntax errors.
+func jsonMessage(err error) string {
+	var syn *json.SyntaxError
+	if errors.As(err, &syn) {
+		return fmt.Sprintf("%v (at byte %d)", syn, syn.Offset)
+	}
+	return err.Error()
+}
+
+func sampling(maxTokens *int, temp, topP *float64, n *int, seed *int64, stop json.RawMessage, lim Limits) (Sampling, error) {
+	s := Sampling{Temperature: temp, TopP: topP, Seed: seed}
+	if maxTokens != nil {
+		if *maxTokens < 1 || *maxTokens > lim.MaxTokens {
+			return s, BadRequest("max_tokens", "%d (want 1..%d)", *maxTokens, lim.MaxTokens)
+		}
+		s.MaxTokens = *maxTokens
+	}
+	if temp != nil && (*temp < 0 || *temp > 2 || *temp != *temp) {
+		return s, BadRequest("temperature", "%v (want 0..2)", *temp)
+	}
+	if topP != nil && (*topP <= 0 || *topP > 1) {
+		return s, BadRequest("top_p", "%v (want 0 < top_p <= 1)", *topP)
+	}
+	if n != nil && *n != 1 {
+		return s, BadRequest("n", "%d: only n = 1 is supported", *n)
+	}
+	stop = bytes.TrimSpace(stop)
+	switch {
+	case len(stop) == 0 || string(stop) == "null":
+	case stop[0] == '"':
+		var one string
+		if err := json.Unmarshal(stop, &one); err != nil {
+			return s, BadRequest("stop", "bad string: %v", err)
+		}
+		s.Stop = []string{one}
+	default:
+		if err := json.Unmarshal(stop, &s.Stop); err != nil {
+			return s, BadRequest("stop", "want a string or a list of up to 4 strings")
+		}
+		if len(s.Stop) > 4 {
+			return s, BadRequest("stop", "%d stop sequences, at most 4", len(s.Stop))
+		}
+	}
+	return s, nil
+}
+
+func extensions(policy string, fallback bool, salt, priority string) (Extensions, error) {
+	switch priority {
+	case "":
+		priority = "interactive"
+	case "interactive", "batch":
+	default:
+		return Extensions{}, BadRequest("priority", "%q (want interactive or batch)", priority)
+	}
+	if len(salt) > 256 {
+		return Extensions{}, BadRequest("cache_salt", "%d bytes, at most 256", len(salt))
+	}
+	return Extensions{CachePolicy: policy, TextFallback: fallback, CacheSalt: salt, Priority: priority}, nil
+}
+
+func tokenIDs(ids []int64, param string, lim Limits) ([]int32, error) {
+	if len(ids) > lim.MaxPromptIDs {
+		return nil, BadRequest(param, "%d token ids, at most %d", len(ids), lim.MaxPromptIDs)
+	}
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id > 1<<31-1 {
+			return nil, BadRequest(fmt.Sprintf("%s[%d]", param, i), "token id %d out of range", id)
+		}
+		out[i] = int32(id)
+	}
+	return out, nil
+}
+
+// decodeBase64 accepts standard and URL-safe alphabets, padded or not.
+func decodeBase64(s string) ([]byte, error) {
+	s = strings.TrimSpace(s)
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if b, err := enc.DecodeString(s); err == nil {
+			return b, nil
+		}
+	}
+	_, err := base64.StdEncoding.DecodeString(s)
+	return nil, err
+}

@@ -1,0 +1,182 @@
+package openai
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseChatMultimodal(t *testing.T) {
+	wav := base64.StdEncoding.EncodeToString([]byte("RIFF....WAVE"))
+	body := `{
+		"model": "llava",
+		"messages": [
+			{"role": "system", "content": "be brief"},
+			{"role": "user", "content": [
+				{"type": "text", "text": "compare"},
+				{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}, "uuid": "img-1"},
+				{"type": "image_url", "uuid": "img-2"},
+				{"type": "input_audio", "input_audio": {"data": "` + wav + `", "format": "WAV"}},
+				{"type": "video_url", "video_url": {"url": "file:///media/clip.mp4"}}
+			]},
+			{"role": "assistant", "content": null}
+		],
+		"stream": true, "stream_options": {"include_usage": true},
+		"max_completion_tokens": 64, "temperature": 0.2, "stop": "\n\n", "seed": 7,
+		"cache_policy": "keep:10m", "cache_salt": "tenant-a", "text_fallback": true, "priority": "batch",
+		"unknown_field": {"ignored": true}
+	}`
+	req, err := ParseChat([]byte(body), DefaultLimits())
+	require.NoError(t, err)
+	require.Equal(t, "llava", req.Model)
+	require.True(t, req.Stream)
+	require.True(t, req.IncludeUsage)
+	require.Equal(t, 64, req.Sampling.MaxTokens)
+	require.Equal(t, []string{"\n\n"}, req.Sampling.Stop)
+	require.Equal(t, Extensions{CachePolicy: "keep:10m", TextFallback: true, CacheSalt: "tenant-a", Priority: "batch"}, req.Ext)
+	require.Len(t, req.Messages, 3)
+	require.Len(t, req.Media, 4)
+	require.Equal(t, Media{Modality: Image, URL: "data:image/png;base64,AAAA", UUID: "img-1", Path: "messages[1].content[1]"}, *req.Media[0])
+	require.Equal(t, Media{Modality: Image, UUID: "img-2", Path: "messages[1].content[2]"}, *req.Media[1])
+	require.Equal(t, []byte("RIFF....WAVE"), req.Media[2].Data)
+	require.Equal(t, "wav", req.Media[2].Format)
+	require.Equal(t, Video, req.Media[3].Modality)
+	require.Same(t, req.Media[0], req.Messages[1].Parts[1].Media, "messages and the media list share items")
+	require.True(t, req.Messages[1].Parts[0].IsText)
+	require.Empty(t, req.Messages[2].Parts)
+}
+
+// Each bad request is a 400 whose param names the offending part.
+func TestParseChatErrors(t *testing.T) {
+	lim := DefaultLimits()
+	lim.MaxMediaItems = 2
+	f := func(body, param, msg string) {
+		t.Helper()
+		_, err := ParseChat([]byte(body), lim)
+		var apiErr *Error
+		require.True(t, errors.As(err, &apiErr), "%v", err)
+		require.Equal(t, 400, apiErr.Status)
+		require.Equal(t, param, apiErr.Param, "%v", err)
+		require.Contains(t, apiErr.Message, msg)
+	}
+	user := func(parts string) string { return `{"messages":[{"role":"user","content":[` + parts + `]}]}` }
+	f(``, "", "empty request body")
+	f(`[1]`, "", "not a JSON object")
+	f(`{"messages": [`, "", "malformed JSON")
+	f(`{"messages": "hi"}`, "messages", "want an array, got string")
+	f(`{"messages":[{"role":"user","content":"x"}],"max_tokens":"many"}`, "max_tokens", "want an integer, got string")
+	f(`{"messages": []}`, "messages", "at least one message")
+	f(`{"messages":[{"role":"wizard","content":"x"}]}`, "messages[0].role", `role "wizard"`)
+	f(`{"messages":[{"role":"user"}]}`, "messages[0].content", "content is required")
+	f(`{"messages":[{"role":"user","content":5}]}`, "messages[0].content", "want a string or an array")
+	f(user(`{"type":"text"}`), "messages[0].content[0].text", "needs text")
+	f(user(`{"text":"x"}`), "messages[0].content[0].type", "needs a type")
+	f(user(`{"type":"image"}`), "messages[0].content[0].type", `unsupported content part type "image"`)
+	f(user(`{"type":"image_url","image_url":{"url":"  "}}`), "messages[0].content[0].image_url.url", "needs image_url.url")
+	f(user(`{"type":"video_url"}`), "messages[0].content[0].video_url.url", "needs video_url.url")
+	f(user(`{"type":"input_audio","input_audio":{"data":"%%%","format":"wav"}}`), "messages[0].content[0].input_audio.data", "bad base64")
+	f(user(`{"type":"input_audio","input_audio":{"data":"AAAA"}}`), "messages[0].content[0].input_audio.format", "needs a format")
+	f(user(`{"type":"image_url","uuid":"a"},{"type":"image_url","uuid":"b"},{"type":"image_url","uuid":"c"}`),
+		"messages[0].content[2]", "more than 2 media items")
+	f(`{"messages":[{"role":"system","content":[{"type":"image_url","uuid":"a"}]}]}`, "messages[0].content[0]", "only allowed in user messages")
+	f(`{"messages":[{"role":"user","content":"x"}],"max_tokens":0}`, "max_tokens", "want 1..")
+	f(`{"messages":[{"role":"user","content":"x"}],"temperature":3}`, "temperature", "want 0..2")
+	f(`{"messages":[{"role":"user","content":"x"}],"top_p":0}`, "top_p", "0 < top_p <= 1")
+	f(`{"messages":[{"role":"user","content":"x"}],"n":2}`, "n", "only n = 1")
+	f(`{"messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]}`, "stop", "at most 4")
+	f(`{"messages":[{"role":"user","content":"x"}],"stream_options":{}}`, "stream_options", "only allowed with stream")
+	f(`{"messages":[{"role":"user","content":"x"}],"priority":"urgent"}`, "priority", `"urgent"`)
+}
+
+func TestParseCompletion(t *testing.T) {
+	req, err := ParseCompletion([]byte(`{"model":"m","prompt":"Once upon"}`), DefaultLimits())
+	require.NoError(t, err)
+	require.Equal(t, "Once upon", req.Prompt)
+	require.Equal(t, 16, req.Sampling.MaxTokens, "OpenAI's default")
+	req, err = ParseCompletion([]byte(`{"prompt":[[1,2,3]],"max_tokens":5}`), DefaultLimits())
+	require.NoError(t, err)
+	require.Equal(t, []int32{1, 2, 3}, req.PromptIDs)
+	req, err = ParseCompletion([]byte(`{"prompt":["one"]}`), DefaultLimits())
+	require.NoError(t, err)
+	require.Equal(t, "one", req.Prompt)
+	for body, msg := range map[string]string{
+		`{}`:                             "prompt is required",
+		`{"prompt":["a","b"]}`:           "batches are not supported",
+		`{"prompt":[1,-2]}`:              "token id -2 out of range",
+		`{"prompt":{"x":1}}`:             "want a string or a list of token ids",
+		`{"prompt":"x","max_tokens":-1}`: "want 1..",
+	} {
+		_, err := ParseCompletion([]byte(body), DefaultLimits())
+		require.ErrorContains(t, err, msg, body)
+	}
+}
+
+func TestParsePretokenized(t *testing.T) {
+	req, err := ParsePretokenized([]byte(`{"token_ids":[1,99,2],"media":[{"modality":"image","data":"AAEC","uuid":"u"},
+		{"modality":"audio","url":"file:///a.wav"}],"placeholder_style":"expanded","max_tokens":3}`), DefaultLimits())
+	require.NoError(t, err)
+	require.Equal(t, []int32{1, 99, 2}, req.TokenIDs)
+	require.Equal(t, "expanded", req.Style)
+	require.Equal(t, []byte{0, 1, 2}, req.Media[0].Data)
+	require.Equal(t, "media[1]", req.Media[1].Path)
+	for body, want := range map[string]string{
+		`{"media":[]}`: "token_ids is required",
+		`{"token_ids":[1],"placeholder_style":"dense"}`:                          `"dense"`,
+		`{"token_ids":[1],"media":[{"modality":"smell","uuid":"x"}]}`:            `media[0].modality: modality "smell"`,
+		`{"token_ids":[1],"media":[{"modality":"image"}]}`:                       "media[0]: a media item needs url, data or a uuid",
+		`{"token_ids":[1],"media":[{"modality":"image","url":"x","data":"AA"}]}`: "media[0]: give url or data, not both",
+	} {
+		_, err := ParsePretokenized([]byte(body), DefaultLimits())
+		require.ErrorContains(t, err, want, body)
+	}
+}
+
+func TestErrorBody(t *testing.T) {
+	var got map[string]map[string]any
+	require.NoError(t, json.Unmarshal(BadRequest("messages[0].role", "bad role").Body(), &got))
+	require.Equal(t, map[string]any{"message": "messages[0].role: bad role", "type": "invalid_request_error",
+		"param": "messages[0].role", "code": float64(400)}, got["error"])
+	require.NoError(t, json.Unmarshal((&Error{Status: 503, Type: "server_error", Message: "busy"}).Body(), &got))
+	require.Nil(t, got["error"]["param"])
+}
+
+func TestSSE(t *testing.T) {
+	var buf bytes.Buffer
+	s := NewSSE(bufio.NewWriter(&buf))
+	require.NoError(t, s.Event(ChatChunk{ID: "c1", Object: "chat.completion.chunk", Choices: []ChatChunkChoice{{Delta: ChatDelta{Content: "hi"}}}}))
+	require.NoError(t, s.Done())
+	lines := strings.Split(buf.String(), "\n\n")
+	require.Len(t, lines, 3)
+	require.True(t, strings.HasPrefix(lines[0], `data: {"id":"c1","object":"chat.completion.chunk"`))
+	require.Equal(t, "data: [DONE]", lines[1])
+}
+
+// Any body: a request or a 400 *Error, never a panic.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}},{"type":"text","text":"x"}]}]}`))
+	f.Add([]byte(`{"prompt":[[1,2]],"stop":["a"]}`))
+	f.Add([]byte(`{"token_ids":[5],"media":[{"modality":"audio","data":"AAAA"}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		check := func(err error) {
+			if err == nil {
+				return
+			}
+			var apiErr *Error
+			if !errors.As(err, &apiErr) || apiErr.Status != 400 {
+				t.Fatalf("error %v is not a 400 *Error", err)
+			}
+		}
+		_, err := ParseChat(body, DefaultLimits())
+		check(err)
+		_, err = ParseCompletion(body, DefaultLimits())
+		check(err)
+		_, err = ParsePretokenized(body, DefaultLimits())
+		check(err)
+	})
+}

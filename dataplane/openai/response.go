@@ -1,0 +1,127 @@
+package openai
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"time"
+)
+
+// Usage counts tokens as OpenAI does.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// ChatCompletion is a non-streamed chat response.
+type ChatCompletion struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"` // "chat.completion"
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []ChatChoice `json:"choices"`
+	Usage   *Usage       `json:"usage,omitempty"`
+}
+
+type ChatChoice struct {
+	Index        int         `json:"index"`
+	Message      ChatMessage `json:"message"`
+	FinishReason string      `json:"finish_reason"`
+}
+
+type ChatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ChatChunk is one streamed chat event.
+type ChatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"` // "chat.completion.chunk"
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []ChatChunkChoice `json:"choices"`
+	Usage   *Usage            `json:"usage,omitempty"`
+}
+
+type ChatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        ChatDelta `json:"delta"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+type ChatDelta struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content,omitempty"`
+}
+
+// Completion is a text completion response or streamed chunk (the same shape).
+type Completion struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"` // "text_completion"
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []CompletionChoice `json:"choices"`
+	Usage   *Usage             `json:"usage,omitempty"`
+}
+
+type CompletionChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+// Model is one entry of GET /v1/models.
+type Model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"` // "model"
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// ModelList is GET /v1/models.
+type ModelList struct {
+	Object string  `json:"object"` // "list"
+	Data   []Model `json:"data"`
+}
+
+// Now is the Created timestamp for a response.
+func Now() int64 { return time.Now().Unix() }
+
+// SSE writes server-sent events: "data: <json>\n\n" per event and "data: [DONE]\n\n" at the
+// end, flushing each so clients see tokens as they come.
+type SSE struct {
+	w *bufio.Writer
+}
+
+// NewSSE wraps the response body writer.
+func NewSSE(w *bufio.Writer) *SSE { return &SSE{w: w} }
+
+// Event writes one JSON event.
+func (s *SSE) Event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.raw(b)
+}
+
+// Done writes the terminating event.
+func (s *SSE) Done() error { return s.raw([]byte("[DONE]")) }
+
+// Error writes an error as an event (a stream that already started cannot change its status).
+func (s *SSE) Error(e *Error) error { return s.raw(e.Body()) }
+
+func (s *SSE) raw(b []byte) error {
+	if _, err := io.WriteString(s.w, "data: "); err != nil {
+		return err
+	}
+	if _, err := s.w.Write(b); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(s.w, "\n\n"); err != nil {
+		return err
+	}
+	return s.w.Flush()
+}
