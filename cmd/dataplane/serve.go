@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"dataplane/cuda"
@@ -35,10 +36,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&opts.IdleTimeout, "idle-timeout", opts.IdleTimeout, "keep-alive connections idle this long are closed")
 	fs.IntVar(&opts.MaxConns, "max-conns", opts.MaxConns, "most concurrent connections")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	cudaPlugin := fs.String("cuda-plugin", "", "CUDA plugin file (default: $DATAPLANE_CUDA_PLUGIN, beside the binary, build/cuda/)")
-	if err := fs.Parse(args); err != nil {
+	cudaPlugin := fs.String("cuda-plugin", "", "CUDA plugin file (default: beside the binary, then build/cuda/)")
+	fs.String("config", "", "YAML file of settings (keys are these flag names)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: dataplane serve [flags]\n\nFlags:\n")
+		fs.PrintDefaults()
+		fmt.Fprint(stderr, configUsage(fs))
+	}
+	if err := loadConfig(fs, args, os.Getenv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
+		}
+		if !strings.Contains(err.Error(), "flag provided but not defined") && !strings.HasPrefix(err.Error(), "invalid value") {
+			fmt.Fprintf(stderr, "serve: %v\n", err) // from the environment or the config file
 		}
 		return errUsage
 	}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Configuration comes from three places, in this precedence: command-line flags, then
+// environment variables (DATAPLANE_ + the flag name in upper case with - as _), then a YAML
+// file (--config / $DATAPLANE_CONFIG; keys are the flag names), then the built-in defaults.
+// Every setting is a flag, so `-h` documents all of them; this is the one place that reads
+// the environment.
+
+// envName is the environment variable of a flag: max-body-bytes → DATAPLANE_MAX_BODY_BYTES.
+func envName(flagName string) string {
+	return "DATAPLANE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// loadConfig parses args into fs and fills every flag not given on the command line from the
+// environment (getenv) or the YAML file named by the "config" flag. Errors name the source.
+func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+
+	fromEnv := map[string]bool{}
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		if v, ok := lookupEnv(getenv, envName(f.Name)); ok {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("$%s=%q: %v", envName(f.Name), v, err))
+			}
+			fromEnv[f.Name] = true
+		}
+	})
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+
+	cfg := fs.Lookup("config")
+	if cfg == nil || cfg.Value.String() == "" {
+		return nil
+	}
+	raw, err := os.ReadFile(cfg.Value.String())
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var values map[string]yaml.Node
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		return fmt.Errorf("%s: %w", cfg.Value.String(), err)
+	}
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		f := fs.Lookup(k)
+		if f == nil || k == "config" {
+			errs = append(errs, fmt.Errorf("%s: unknown setting %q (settings are the flag names; see -h)", cfg.Value.String(), k))
+			continue
+		}
+		if given[k] || fromEnv[k] {
+			continue
+		}
+		node := values[k]
+		v, err := yamlScalar(&node)
+		if err == nil {
+			if err = f.Value.Set(v); err != nil {
+				err = fmt.Errorf("%q: %v", v, err)
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %s: %v", cfg.Value.String(), k, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// yamlScalar turns a YAML value into the flag's string form: scalars as written, lists of
+// scalars joined by commas.
+func yamlScalar(n *yaml.Node) (string, error) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		return n.Value, nil
+	case yaml.SequenceNode:
+		parts := make([]string, len(n.Content))
+		for i, c := range n.Content {
+			if c.Kind != yaml.ScalarNode {
+				return "", fmt.Errorf("want a list of plain values")
+			}
+			parts[i] = c.Value
+		}
+		return strings.Join(parts, ","), nil
+	}
+	return "", fmt.Errorf("want a value or a list of values")
+}
+
+func lookupEnv(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+// configUsage is the text -h prints after the flags.
+func configUsage(fs *flag.FlagSet) string {
+	example := "listen"
+	if fs.Lookup(example) == nil {
+		fs.VisitAll(func(f *flag.Flag) { example = f.Name })
+	}
+	return fmt.Sprintf(`
+Every flag can also be set by the environment variable DATAPLANE_ + its name in upper case
+with - as _ (e.g. %s), or in the YAML file given by --config / $DATAPLANE_CONFIG,
+whose keys are the flag names (e.g. "%s: ..."). Precedence: flag, environment, file, default.
+`, envName(example), example)
+}
