@@ -130,15 +130,19 @@ DP_AVX2 static void kernel_avx2(int64_t kc, const float *a, const float *b, floa
 }
 
 DP_AVX2 static float fma_loop_avx2(int64_t iters) {
+	/* Twelve independent chains with distinct starting values, so the compiler cannot fold
+	 * them into one; the empty asm keeps them in registers and the loop from being elided. */
 	__m256 a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(1e-8f);
-	__m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
-	__m256 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+	__m256 c0 = _mm256_set1_ps(0), c1 = _mm256_set1_ps(1), c2 = _mm256_set1_ps(2), c3 = _mm256_set1_ps(3);
+	__m256 c4 = _mm256_set1_ps(4), c5 = _mm256_set1_ps(5), c6 = _mm256_set1_ps(6), c7 = _mm256_set1_ps(7);
+	__m256 c8 = _mm256_set1_ps(8), c9 = _mm256_set1_ps(9), c10 = _mm256_set1_ps(10), c11 = _mm256_set1_ps(11);
 	for (int64_t i = 0; i < iters; i++) {
 		c0 = _mm256_fmadd_ps(a, b, c0), c1 = _mm256_fmadd_ps(a, b, c1), c2 = _mm256_fmadd_ps(a, b, c2);
 		c3 = _mm256_fmadd_ps(a, b, c3), c4 = _mm256_fmadd_ps(a, b, c4), c5 = _mm256_fmadd_ps(a, b, c5);
 		c6 = _mm256_fmadd_ps(a, b, c6), c7 = _mm256_fmadd_ps(a, b, c7), c8 = _mm256_fmadd_ps(a, b, c8);
 		c9 = _mm256_fmadd_ps(a, b, c9), c10 = _mm256_fmadd_ps(a, b, c10), c11 = _mm256_fmadd_ps(a, b, c11);
-		__asm__ volatile("" : "+x"(a)); /* keep the loop from being folded */
+		__asm__ volatile("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5));
+		__asm__ volatile("" : "+x"(c6), "+x"(c7), "+x"(c8), "+x"(c9), "+x"(c10), "+x"(c11));
 	}
 	__m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
 	                         _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
@@ -150,10 +154,11 @@ DP_AVX2 static float fma_loop_avx2(int64_t iters) {
 #endif
 
 static float fma_loop_generic(int64_t iters) {
-	float c[MR * NR] = {0}, a = 1.0f, b = 1e-8f;
+	float c[MR * NR], a = 1.0f, b = 1e-8f;
+	for (int j = 0; j < MR * NR; j++) c[j] = (float)j; /* distinct: no folding */
 	for (int64_t i = 0; i < iters; i++) {
 		for (int j = 0; j < MR * NR; j++) c[j] += a * b;
-		__asm__ volatile("" : "+r"(a));
+		__asm__ volatile("" : : "r"(c) : "memory");
 	}
 	float s = 0;
 	for (int j = 0; j < MR * NR; j++) s += c[j];
