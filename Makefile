@@ -33,11 +33,25 @@ define need
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(2); }
 endef
 
+# need_file is need for a file a package provides (a header): $(call need_file,path,package)
+define need_file
+	@test -e $(1) || { \
+	  echo "$(1) not found: installing the Debian package $(2)"; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "no apt-get here: install $(2) yourself"; exit 1; }; \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(2); }
+endef
+
+# Build: gcc, and libjpeg-turbo's TurboJPEG for the JPEG decoder in native/.
 deps-build:
 	$(call need,gcc,gcc libc6-dev)
+	$(call need_file,/usr/include/turbojpeg.h,libturbojpeg0-dev)
 
+# Test: cmake for the C tests; ffmpeg (and ffprobe) for the media tests that decode audio and
+# video containers through it (dataplane/media/audio, dataplane/media/video).
 deps-test: deps-build
 	$(call need,cmake,cmake)
+	$(call need,ffmpeg,ffmpeg)
 
 build: deps-build
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/dataplane

@@ -7,7 +7,7 @@ package native
 
 /*
 #cgo CFLAGS: -std=gnu11 -O3 -Wall -Wextra
-#cgo LDFLAGS: -lpthread
+#cgo LDFLAGS: -lpthread -lturbojpeg -lm
 #include "dp.h"
 */
 import "C"

@@ -1,0 +1,180 @@
+// Package media is the entry point for preprocessing one request item: it names the presets
+// (picture, audio and video families), runs the right pipeline for a preset and a modality,
+// and returns the encoder's input tensors, the token count and the content key. The work lives
+// in picture, audio and video; data URLs and content keys live here.
+package media
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"dataplane/dataplane/media/audio"
+	"dataplane/dataplane/media/picture"
+	"dataplane/dataplane/media/video"
+	"dataplane/features/safetensors"
+	"dataplane/native"
+)
+
+// Preset is a named preprocessing: a picture preset (used for images and video frames) or an
+// audio preset.
+type Preset struct {
+	Name    string
+	Picture *picture.Preset
+	Audio   *audio.Preset
+}
+
+// Summary is one line for --help.
+func (p Preset) Summary() string {
+	if p.Audio != nil {
+		a := p.Audio
+		return fmt.Sprintf("audio: %d-bin log-mel, %v windows of 3000 frames", a.Mels, a.Convention)
+	}
+	v := p.Picture
+	switch v.Family {
+	case picture.CLIP:
+		return fmt.Sprintf("image/video: shortest side %d + centre crop, %v, CLIP mean/std, %d tokens", v.Size, v.Filter, (v.Size/v.Patch)*(v.Size/v.Patch))
+	case picture.SigLIP:
+		return fmt.Sprintf("image/video: %dx%d %v, mean = std = 0.5, %d tokens", v.Size, v.Size, v.Filter, (v.Size/v.Patch)*(v.Size/v.Patch))
+	case picture.Qwen2VL:
+		return fmt.Sprintf("image/video: smart_resize to %d-px multiples in [%d, %d] px, patches of %d frames", v.Patch*v.MergeSize, v.MinPixels, v.MaxPixels, v.TemporalPatch)
+	case picture.InternVL:
+		return fmt.Sprintf("image/video: %d-px tiles (%d..%d) + thumbnail, ImageNet mean/std, %d tokens a tile", v.Size, v.MinTiles, v.MaxTiles, v.TokensPerTile)
+	}
+	return v.Family.String()
+}
+
+// Presets lists every built-in preset, sorted by name.
+func Presets() []Preset {
+	var out []Preset
+	for _, p := range picture.Presets() {
+		out = append(out, Preset{Name: p.Name, Picture: &p})
+	}
+	for _, p := range audio.Presets() {
+		out = append(out, Preset{Name: p.Name, Audio: &p})
+	}
+	slices.SortFunc(out, func(a, b Preset) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Lookup finds a preset by name.
+func Lookup(name string) (Preset, error) {
+	for _, p := range Presets() {
+		if p.Name == name {
+			return p, nil
+		}
+	}
+	var names []string
+	for _, p := range Presets() {
+		names = append(names, p.Name)
+	}
+	return Preset{}, fmt.Errorf("unknown preset %q (have %s)", name, strings.Join(names, ", "))
+}
+
+// Result is one preprocessed item.
+type Result struct {
+	Tensors []safetensors.Tensor
+	Tokens  int
+	Key     Key
+	Detail  string // what was decoded, for logs and the CLI
+}
+
+// Options for the pipelines; the zero value means each package's defaults.
+type Options struct {
+	DType   native.DType // of the pixel tensors and log-mel features (zero value: F32)
+	Picture picture.Options
+	Audio   audio.Options
+	Video   video.Options
+	// Convention overrides an audio preset's log-mel windowing when set.
+	Convention *audio.Convention
+	Threads    int // log-mel threads (0: native.DefaultThreads())
+}
+
+func errNotFor(p Preset, what string) error {
+	return fmt.Errorf("preset %s is not for %s", p.Name, what)
+}
+
+// Image preprocesses one picture (JPEG or PNG).
+func Image(data []byte, p Preset, opts Options) (*Result, error) {
+	if p.Picture == nil {
+		return nil, errNotFor(p, "images")
+	}
+	img, info, err := picture.Decode(data, opts.Picture)
+	if err != nil {
+		return nil, err
+	}
+	out, err := p.Picture.Apply(img, opts.DType)
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Tensors: out.Tensors, Tokens: out.Tokens, Key: ImageKey(img), Detail: info.String()}, nil
+}
+
+// ImageTokens is the token count of a picture from its header alone (no pixels decoded).
+func ImageTokens(data []byte, p Preset) (int, error) {
+	if p.Picture == nil {
+		return 0, errNotFor(p, "images")
+	}
+	info, err := picture.DecodeConfig(data)
+	if err != nil {
+		return 0, err
+	}
+	return p.Picture.Tokens(info.W, info.H)
+}
+
+// Audio preprocesses one audio file into log-mel features.
+func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, error) {
+	if p.Audio == nil {
+		return nil, errNotFor(p, "audio")
+	}
+	a := *p.Audio
+	if opts.Convention != nil {
+		a.Convention = *opts.Convention
+	}
+	clip, err := audio.Load(ctx, data, opts.Audio)
+	if err != nil {
+		return nil, err
+	}
+	f, err := a.LogMel(clip.Samples, opts.Threads)
+	if err != nil {
+		return nil, err
+	}
+	tensors, err := f.Tensors(opts.DType)
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Tensors: tensors, Tokens: a.Tokens(len(clip.Samples)), Key: AudioKey(clip.Samples, clip.Rate),
+		Detail: fmt.Sprintf("%v, %d window(s), %v convention", clip, f.Windows, a.Convention)}, nil
+}
+
+// Video preprocesses a video container (through ffmpeg), or, when images is non-empty, a list
+// of pictures taken as a video.
+func Video(ctx context.Context, data []byte, images [][]byte, p Preset, opts Options) (*Result, error) {
+	if p.Picture == nil {
+		return nil, errNotFor(p, "video")
+	}
+	vo := opts.Video
+	if p.Picture.Family == picture.Qwen2VL && vo.FrameMultiple == 0 {
+		vo.FrameMultiple = p.Picture.TemporalPatch
+	}
+	var (
+		v   *video.Video
+		err error
+	)
+	if len(images) > 0 {
+		v, err = video.FromImages(images, vo, *p.Picture)
+	} else {
+		v, err = video.Decode(ctx, data, vo, *p.Picture)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out, err := v.Preprocess(*p.Picture, opts.DType)
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Tensors: out.Tensors, Tokens: out.Tokens, Key: VideoKey(v.Frames),
+		Detail: fmt.Sprintf("%dx%d, %d frames at %.3g fps; took %d (%v): %v", v.Info.W, v.Info.H, v.Info.Frames, v.Info.FPS,
+			len(v.Frames), vo.Sampling, v.Indices)}, nil
+}

@@ -1,0 +1,290 @@
+package picture
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+
+	"dataplane/features/safetensors"
+	"dataplane/native"
+)
+
+// Family is a model family's preprocessing scheme.
+type Family uint8
+
+const (
+	// CLIP: resize the shortest side to Size (the long side int(Size*long/short)), centre crop
+	// Size x Size (offsets rounded half to even), as openai/CLIP's _transform (torchvision).
+	CLIP Family = iota + 1
+	// SigLIP: resize to Size x Size, as Hugging Face's SiglipImageProcessor.
+	SigLIP
+	// Qwen2VL: smart_resize to multiples of Patch*MergeSize within [MinPixels, MaxPixels], then
+	// flattened into patches of TemporalPatch frames (Hugging Face's Qwen2VLImageProcessor).
+	Qwen2VL
+	// InternVL: the tile grid (cols x rows <= MaxTiles) closest to the aspect ratio, each tile
+	// Size x Size, plus a Size x Size thumbnail of the whole picture when there is more than one
+	// tile (InternVL's dynamic_preprocess).
+	InternVL
+)
+
+func (f Family) String() string {
+	switch f {
+	case CLIP:
+		return "clip"
+	case SigLIP:
+		return "siglip"
+	case Qwen2VL:
+		return "qwen2-vl"
+	case InternVL:
+		return "internvl"
+	}
+	return fmt.Sprintf("family(%d)", uint8(f))
+}
+
+// Normalisation constants, as float32 (what torch.tensor(mean) holds).
+var (
+	CLIPMean     = [3]float32{0.48145466, 0.4578275, 0.40821073}
+	CLIPStd      = [3]float32{0.26862954, 0.26130258, 0.27577711}
+	ImageNetMean = [3]float32{0.485, 0.456, 0.406}
+	ImageNetStd  = [3]float32{0.229, 0.224, 0.225}
+	HalfMean     = [3]float32{0.5, 0.5, 0.5} // SigLIP: mean = std = 0.5
+	HalfStd      = [3]float32{0.5, 0.5, 0.5}
+)
+
+// Preset is one model's image preprocessing and token count. Fields a family does not use are
+// ignored.
+type Preset struct {
+	Name   string
+	Family Family
+	Size   int // CLIP: shortest side and crop; SigLIP: square side; InternVL: tile side
+	Patch  int // ViT patch side
+	Filter native.Filter
+	Mean   [3]float32
+	Std    [3]float32
+
+	MinPixels, MaxPixels int // Qwen2VL: smart_resize bounds
+	MergeSize            int // Qwen2VL: spatial merge (tokens = patches / MergeSize^2)
+	TemporalPatch        int // Qwen2VL: frames per temporal patch (a picture is repeated to fill it)
+
+	MinTiles, MaxTiles int  // InternVL
+	Thumbnail          bool // InternVL: add a thumbnail when there are several tiles
+	TokensPerTile      int  // InternVL: 256 (1024 patches, pixel shuffle 0.5)
+}
+
+// The built-in presets.
+var (
+	CLIP224 = Preset{Name: "clip-224", Family: CLIP, Size: 224, Patch: 14, Filter: native.Bicubic, Mean: CLIPMean, Std: CLIPStd}
+	CLIP336 = Preset{Name: "clip-336", Family: CLIP, Size: 336, Patch: 14, Filter: native.Bicubic, Mean: CLIPMean, Std: CLIPStd}
+	// SigLIP so400m/14 @ 384 (SigLIP 2 resizes bilinearly: set Filter).
+	SigLIP384 = Preset{Name: "siglip-384", Family: SigLIP, Size: 384, Patch: 14, Filter: native.Bicubic, Mean: HalfMean, Std: HalfStd}
+	// Qwen2-VL / Qwen2.5-VL images: 28-pixel multiples within [56*56, 28*28*1280].
+	Qwen2VLImage = Preset{Name: "qwen2-vl", Family: Qwen2VL, Patch: 14, Filter: native.Bicubic, Mean: CLIPMean, Std: CLIPStd,
+		MinPixels: 56 * 56, MaxPixels: 28 * 28 * 1280, MergeSize: 2, TemporalPatch: 2}
+	// InternVL 2 / 2.5: 448 tiles, 1 to 12, with a thumbnail.
+	InternVL448 = Preset{Name: "internvl", Family: InternVL, Size: 448, Patch: 14, Filter: native.Bicubic, Mean: ImageNetMean,
+		Std: ImageNetStd, MinTiles: 1, MaxTiles: 12, Thumbnail: true, TokensPerTile: 256}
+)
+
+// Presets lists the built-in presets.
+func Presets() []Preset { return []Preset{CLIP224, CLIP336, SigLIP384, Qwen2VLImage, InternVL448} }
+
+// check refuses presets whose parameters cannot work.
+func (p Preset) check() error {
+	bad := func(format string, args ...any) error {
+		return errorf(ErrPreset, "preprocess", "", "%s: %s", p.Name, fmt.Sprintf(format, args...))
+	}
+	for c := range 3 {
+		if !(p.Std[c] > 0) {
+			return bad("std[%d] = %g", c, p.Std[c])
+		}
+	}
+	if p.Patch < 1 {
+		return bad("patch %d", p.Patch)
+	}
+	switch p.Family {
+	case CLIP, SigLIP, InternVL:
+		if p.Size < p.Patch || p.Size > native.MaxImageSide {
+			return bad("size %d", p.Size)
+		}
+		if p.Family == InternVL && (p.MinTiles < 1 || p.MaxTiles < p.MinTiles || p.MaxTiles > 64 || p.TokensPerTile < 1) {
+			return bad("tiles %d..%d, %d tokens a tile", p.MinTiles, p.MaxTiles, p.TokensPerTile)
+		}
+	case Qwen2VL:
+		if p.MergeSize < 1 || p.TemporalPatch < 1 || p.MinPixels < 1 || p.MaxPixels < p.MinPixels {
+			return bad("merge %d, temporal patch %d, pixels %d..%d", p.MergeSize, p.TemporalPatch, p.MinPixels, p.MaxPixels)
+		}
+	default:
+		return bad("unknown family %v", p.Family)
+	}
+	return nil
+}
+
+// Tokens is the number of encoder tokens (LLM placeholder positions) a picture of w x h
+// (upright) produces, known before decoding: CLIP (Size/Patch)^2 (LLaVA drops the CLS token:
+// 576 at 336/14), SigLIP floor(Size/Patch)^2 (729 at 384/14), Qwen2-VL (H'/28)(W'/28) after
+// smart_resize, InternVL TokensPerTile per tile and thumbnail.
+func (p Preset) Tokens(w, h int) (int, error) {
+	if err := p.check(); err != nil {
+		return 0, err
+	}
+	if w < 1 || h < 1 {
+		return 0, errorf(ErrDimensions, "preprocess", "", "%dx%d", w, h)
+	}
+	switch p.Family {
+	case CLIP, SigLIP:
+		n := p.Size / p.Patch
+		return n * n, nil
+	case Qwen2VL:
+		rh, rw, err := p.SmartResize(h, w)
+		if err != nil {
+			return 0, err
+		}
+		f := p.Patch * p.MergeSize
+		return (rh / f) * (rw / f), nil
+	case InternVL:
+		cols, rows := p.tileGrid(w, h)
+		n := cols * rows
+		if p.Thumbnail && n > 1 {
+			n++
+		}
+		return n * p.TokensPerTile, nil
+	}
+	return 0, nil
+}
+
+// Output is a preprocessed picture: the encoder's input tensors and its token count.
+type Output struct {
+	Tensors []safetensors.Tensor
+	Tokens  int
+}
+
+// Apply preprocesses an upright RGB picture into the family's tensors, elements of dtype:
+//   - CLIP, SigLIP: pixel_values [1, 3, S, S];
+//   - InternVL: pixel_values [tiles (+ thumbnail), 3, S, S];
+//   - Qwen2VL: pixel_values [gh*gw, 3*T*P*P] in its patch order, image_grid_thw I64 [1, 3].
+func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
+	if img == nil || img.W < 1 || img.H < 1 || len(img.Pix) < 3*img.W*img.H {
+		return nil, errorf(ErrDimensions, "preprocess", "", "no picture or a short pixel buffer")
+	}
+	if dtype.Size() == 0 {
+		return nil, errorf(ErrPreset, "preprocess", "", "unknown dtype %v", dtype)
+	}
+	tokens, err := p.Tokens(img.W, img.H)
+	if err != nil {
+		return nil, err
+	}
+	out := &Output{Tokens: tokens}
+	switch p.Family {
+	case CLIP:
+		rw, rh := ShortestSide(img.W, img.H, p.Size)
+		crop := native.Rect{X: roundHalfEven(float64(rw-p.Size) / 2), Y: roundHalfEven(float64(rh-p.Size) / 2), W: p.Size, H: p.Size}
+		data, err := p.resizeNormalize(img, rw, rh, crop, dtype, nil)
+		if err != nil {
+			return nil, err
+		}
+		out.Tensors = []safetensors.Tensor{tensor("pixel_values", dtype, data, 1, 3, p.Size, p.Size)}
+	case SigLIP:
+		data, err := p.resizeNormalize(img, p.Size, p.Size, native.Rect{W: p.Size, H: p.Size}, dtype, nil)
+		if err != nil {
+			return nil, err
+		}
+		out.Tensors = []safetensors.Tensor{tensor("pixel_values", dtype, data, 1, 3, p.Size, p.Size)}
+	case InternVL:
+		data, n, err := p.tiles(img, dtype)
+		if err != nil {
+			return nil, err
+		}
+		out.Tensors = []safetensors.Tensor{tensor("pixel_values", dtype, data, n, 3, p.Size, p.Size)}
+	case Qwen2VL:
+		rh, rw, err := p.SmartResize(img.H, img.W)
+		if err != nil {
+			return nil, err
+		}
+		chw, err := p.resizeNormalize(img, rw, rh, native.Rect{W: rw, H: rh}, dtype, nil)
+		if err != nil {
+			return nil, err
+		}
+		patches, grid := p.PatchLayout(chw, 1, rh, rw, dtype.Size())
+		out.Tensors = []safetensors.Tensor{
+			tensor("pixel_values", dtype, patches, grid[0]*grid[1]*grid[2], 3*p.TemporalPatch*p.Patch*p.Patch),
+			GridTensor("image_grid_thw", grid),
+		}
+	}
+	return out, nil
+}
+
+// Resized resizes img to w x h with the preset's filter and writes it normalised as CHW dtype
+// into dst (3*w*h elements; allocated when nil). Video frames use it to share one size.
+func (p Preset) Resized(img *Image, w, h int, dtype native.DType, dst []byte) ([]byte, error) {
+	return p.resizeNormalize(img, w, h, native.Rect{W: w, H: h}, dtype, dst)
+}
+
+// resizeNormalize resizes img to w x h, keeps the window crop and writes it as CHW dtype into
+// dst (allocated when nil, returned).
+func (p Preset) resizeNormalize(img *Image, w, h int, crop native.Rect, dtype native.DType, dst []byte) ([]byte, error) {
+	rgb := img.Pix
+	if w != img.W || h != img.H || crop.W != w || crop.H != h {
+		buf := scratch.Get().(*[]byte)
+		defer scratch.Put(buf)
+		if n := 3 * crop.W * crop.H; cap(*buf) < n {
+			*buf = make([]byte, n)
+		}
+		rgb = (*buf)[:3*crop.W*crop.H]
+		job := native.ResizeJob{Src: img.Pix, SrcW: img.W, SrcH: img.H, Channels: 3, OutW: w, OutH: h, Crop: crop, Dst: rgb, Filter: p.Filter}
+		if err := native.Resize(&job); err != nil {
+			return nil, errorf(ErrDimensions, "preprocess", "", "resize %dx%d to %dx%d: %v", img.W, img.H, w, h, err)
+		}
+	}
+	if dst == nil {
+		dst = make([]byte, 3*crop.W*crop.H*dtype.Size())
+	}
+	if err := native.Normalize(dst, dtype, rgb, crop.W, crop.H, p.Mean, p.Std, 255); err != nil {
+		return nil, errorf(ErrPreset, "preprocess", "", "normalize: %v", err)
+	}
+	return dst, nil
+}
+
+// scratch holds the resized 8-bit pictures between the resize and the normalisation (a
+// picture's worth each; returned to the pool when the call ends).
+var scratch = sync.Pool{New: func() any { return new([]byte) }}
+
+// ShortestSide is torchvision's Resize(n) size for a w x h picture: the short side becomes n,
+// the long side int(n * long / short) (unchanged when the short side already is n).
+func ShortestSide(w, h, n int) (int, int) {
+	short, long := w, h
+	if w > h {
+		short, long = h, w
+	}
+	if short == n {
+		return w, h
+	}
+	newLong := int(float64(n*long) / float64(short))
+	if w <= h {
+		return n, newLong
+	}
+	return newLong, n
+}
+
+// roundHalfEven is Python's round() on a float: ties go to the even integer.
+func roundHalfEven(x float64) int { return int(math.RoundToEven(x)) }
+
+func tensor(name string, dtype native.DType, data []byte, shape ...int) safetensors.Tensor {
+	return safetensors.Tensor{Name: name, DType: DTypeName(dtype), Shape: shape, Data: data}
+}
+
+// DTypeName is the safetensors spelling of a native dtype (F32, F16, BF16).
+func DTypeName(dtype native.DType) string { return strings.ToUpper(dtype.String()) }
+
+// GridTensor is a [1, 3] I64 tensor of a (t, h, w) patch grid, as Qwen2-VL's *_grid_thw.
+func GridTensor(name string, grid [3]int) safetensors.Tensor {
+	b := make([]byte, 24)
+	for i, v := range grid {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
+	}
+	return safetensors.Tensor{Name: name, DType: "I64", Shape: []int{1, 3}, Data: b}
+}
