@@ -1,0 +1,293 @@
+package router
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// FeedOptions configure how KV events become index entries. DefaultFeedOptions has the defaults.
+type FeedOptions struct {
+	// BlockSize is the engines' KV block size in tokens (vLLM --block-size). Events with another
+	// block size are dropped and counted: their hashes could never match a request. Default 16.
+	BlockSize int
+	// Media maps an event's medium to an index tier; events on other media are dropped and
+	// counted. An event without a medium counts as "GPU". Default {"GPU": 0}.
+	Media map[string]int
+	// MaxEngineBlocks bounds the engine-hash → router-hash map kept per engine (needed to resolve
+	// parents and removals). Past it the oldest half is forgotten: later removals of those blocks
+	// cannot be resolved, and the index's per-worker cap has to reclaim them. Default 1<<20.
+	MaxEngineBlocks int
+}
+
+// DefaultFeedOptions: block size 16, device tier only, 1M engine blocks per engine.
+func DefaultFeedOptions() FeedOptions {
+	return FeedOptions{BlockSize: 16, Media: map[string]int{"GPU": 0}, MaxEngineBlocks: 1 << 20}
+}
+
+// FeedStats count what happened to events, across engines. Read them with Load.
+type FeedStats struct {
+	Batches        atomic.Int64 // batches applied (live and replayed)
+	BadPayloads    atomic.Int64 // payloads that did not decode: skipped
+	BadEvents      atomic.Int64 // events that decoded but made no sense (token count vs blocks): skipped
+	Filtered       atomic.Int64 // events for another medium or attention group
+	SizeMismatch   atomic.Int64 // BlockStored with another block size
+	UnknownParent  atomic.Int64 // BlockStored whose parent the router never saw: skipped
+	UnknownBlocks  atomic.Int64 // removed blocks the router never saw
+	BlocksStored   atomic.Int64
+	BlocksRemoved  atomic.Int64
+	Clears         atomic.Int64 // AllBlocksCleared
+	Duplicates     atomic.Int64 // batches seen twice (same seq): ignored
+	Gaps           atomic.Int64 // sequence gaps detected
+	Replayed       atomic.Int64 // batches applied from a replay
+	Unrecoverable  atomic.Int64 // gaps a replay could not fill: the engine's state was dropped
+	Restarts       atomic.Int64 // sequences that went backwards: the engine's state was dropped
+	ReplayFailures atomic.Int64 // replay requests that failed outright
+}
+
+// Replayer fetches an engine's buffered batches with seq ≥ from, calling deliver for each in
+// order, and returns when the engine says it has no more (vLLM's end marker).
+type Replayer func(from uint64, deliver func(seq uint64, payload []byte)) error
+
+// Engine follows one vLLM event publisher (one data-parallel rank: one KV cache) and keeps its
+// worker's index entries in step. Its methods must be called from one goroutine.
+type Engine struct {
+	ix     *Index
+	worker Worker
+	opts   *FeedOptions
+	stats  *FeedStats
+	hasher *Hasher
+
+	haveSeq bool
+	last    uint64 // last applied sequence number
+
+	// Engine block hash → our block; two generations bound the memory (see MaxEngineBlocks).
+	blocks, older map[uint64]engineBlock
+	group         int // the attention group routed on; -1 until a store names one
+
+	batch  Batch
+	hashes []uint64
+}
+
+type engineBlock struct {
+	seq   uint64 // our sequence hash
+	seed  uint64 // the seed its sequence was hashed with (LoRA and salt mixed in)
+	tiers uint8  // tiers the engine holds it on
+}
+
+// NewEngine follows an engine whose blocks go to worker w of ix.
+func NewEngine(ix *Index, w Worker, opts *FeedOptions, stats *FeedStats) (*Engine, error) {
+	h, err := NewHasher(opts.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	for medium, tier := range opts.Media {
+		if tier < 0 || tier >= ix.Options().Tiers {
+			return nil, fmt.Errorf("feed options: medium %q maps to tier %d, the index has %d", medium, tier, ix.Options().Tiers)
+		}
+	}
+	return &Engine{ix: ix, worker: w, opts: opts, stats: stats, hasher: h,
+		blocks: map[uint64]engineBlock{}, older: map[uint64]engineBlock{}, group: -1}, nil
+}
+
+// Worker is the index slot this engine's blocks are recorded under.
+func (e *Engine) Worker() Worker { return e.worker }
+
+// Live handles one batch from the live stream. Sequence numbers count batches per publisher
+// from 0: the next one is applied; a repeat is ignored; a jump ahead is a gap, filled from
+// replay before the batch is applied; a step back means the engine restarted, so its state is
+// dropped and its new history replayed from 0. Without a replayer (nil) or when the replay
+// cannot fill a gap, the engine's state is dropped (lost removals would otherwise leave entries
+// behind that it no longer holds) and the stream continues from this batch.
+func (e *Engine) Live(seq uint64, payload []byte, replay Replayer) {
+	switch {
+	case e.haveSeq && seq == e.last+1:
+	case e.haveSeq && seq == e.last:
+		e.stats.Duplicates.Add(1)
+		return
+	case e.haveSeq && seq < e.last:
+		e.stats.Restarts.Add(1)
+		e.reset()
+		e.catchUp(0, seq, replay)
+	case e.haveSeq: // seq > last+1
+		e.stats.Gaps.Add(1)
+		e.catchUp(e.last+1, seq, replay)
+		if e.last+1 != seq {
+			e.stats.Unrecoverable.Add(1)
+			e.reset()
+		}
+	default: // the first batch seen: recover what the engine buffered before it
+		if seq > 0 {
+			e.catchUp(0, seq, replay)
+		}
+	}
+	e.apply(seq, payload)
+}
+
+// catchUp applies replayed batches from..upTo-1 that follow on from what is applied.
+func (e *Engine) catchUp(from, upTo uint64, replay Replayer) {
+	if replay == nil {
+		return
+	}
+	broken := false
+	err := replay(from, func(seq uint64, payload []byte) {
+		switch {
+		case broken || seq >= upTo || (e.haveSeq && seq <= e.last):
+		case e.haveSeq && seq != e.last+1:
+			broken = true // the replay itself has a hole: stop here
+		default:
+			e.stats.Replayed.Add(1)
+			e.apply(seq, payload)
+		}
+	})
+	if err != nil {
+		e.stats.ReplayFailures.Add(1)
+	}
+}
+
+// reset drops everything the engine holds: its index entries and its hash map.
+func (e *Engine) reset() {
+	e.ix.ClearWorker(e.worker)
+	clear(e.blocks)
+	clear(e.older)
+	e.haveSeq = false
+	e.group = -1
+}
+
+// Close drops the engine's entries from the index (the engine left).
+func (e *Engine) Close() { e.reset() }
+
+func (e *Engine) apply(seq uint64, payload []byte) {
+	e.haveSeq, e.last = true, seq
+	e.stats.Batches.Add(1)
+	if err := DecodeBatch(payload, &e.batch); err != nil {
+		e.stats.BadPayloads.Add(1)
+		return
+	}
+	for i := range e.batch.Events {
+		e.applyEvent(&e.batch.Events[i])
+	}
+}
+
+func (e *Engine) applyEvent(ev *Event) {
+	if ev.Kind == AllBlocksCleared {
+		e.stats.Clears.Add(1)
+		haveSeq := e.haveSeq
+		e.reset()
+		e.haveSeq = haveSeq
+		return
+	}
+	medium := ev.Medium
+	if medium == "" {
+		medium = "GPU"
+	}
+	tier, ok := e.opts.Media[medium]
+	if !ok || !e.routedGroup(ev) {
+		e.stats.Filtered.Add(1)
+		return
+	}
+	if ev.Kind == BlockStored {
+		e.store(ev, tier)
+	} else {
+		e.remove(ev, tier)
+	}
+}
+
+// routedGroup says whether an event belongs to the attention group the router matches on: the
+// first full-attention group a store names (hybrid models publish one group per attention type).
+func (e *Engine) routedGroup(ev *Event) bool {
+	if ev.Group < 0 {
+		return true
+	}
+	if e.group < 0 {
+		if ev.Kind == BlockStored && (ev.SpecKind == "" || ev.SpecKind == "full_attention") {
+			e.group = ev.Group
+			return true
+		}
+		return ev.Group == 0
+	}
+	return ev.Group == e.group
+}
+
+func (e *Engine) lookup(h uint64) (engineBlock, bool) {
+	if b, ok := e.blocks[h]; ok {
+		return b, true
+	}
+	b, ok := e.older[h]
+	return b, ok
+}
+
+func (e *Engine) remember(h uint64, b engineBlock) {
+	if _, ok := e.blocks[h]; !ok && len(e.blocks) >= max(e.opts.MaxEngineBlocks/2, 1) {
+		e.older, e.blocks = e.blocks, e.older
+		clear(e.blocks)
+	}
+	delete(e.older, h)
+	e.blocks[h] = b
+}
+
+func (e *Engine) forget(h uint64) {
+	delete(e.blocks, h)
+	delete(e.older, h)
+}
+
+func (e *Engine) store(ev *Event, tier int) {
+	bs := e.opts.BlockSize
+	if ev.BlockSize != 0 && ev.BlockSize != bs {
+		e.stats.SizeMismatch.Add(1)
+		return
+	}
+	if len(ev.Tokens) != len(ev.Hashes)*bs || (len(ev.Extra) != 0 && len(ev.Extra) != len(ev.Hashes)) {
+		e.stats.BadEvents.Add(1)
+		return
+	}
+	var parent, seed uint64
+	if ev.HasParent {
+		p, ok := e.lookup(ev.Parent)
+		if !ok {
+			e.stats.UnknownParent.Add(1)
+			return
+		}
+		parent, seed = p.seq, p.seed
+	} else {
+		salt := ""
+		if len(ev.Extra) > 0 {
+			salt = ev.Extra[0].Salt
+		}
+		seed = SeedFor(ev.LoraName, salt)
+	}
+	e.hashes = e.hashes[:0]
+	for i, eh := range ev.Hashes {
+		var media []uint64
+		if len(ev.Extra) > 0 {
+			media = ev.Extra[i].Media
+		}
+		h := e.hasher.LocalBlock(ev.Tokens[i*bs:(i+1)*bs], seed, media)
+		if i > 0 || ev.HasParent {
+			h = ChainHash(parent, h)
+		}
+		parent = h
+		b, _ := e.lookup(eh)
+		b.seq, b.seed, b.tiers = h, seed, b.tiers|1<<tier
+		e.remember(eh, b)
+		e.hashes = append(e.hashes, h)
+	}
+	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, e.hashes)))
+}
+
+func (e *Engine) remove(ev *Event, tier int) {
+	e.hashes = e.hashes[:0]
+	for _, eh := range ev.Hashes {
+		b, ok := e.lookup(eh)
+		if !ok || b.tiers&(1<<tier) == 0 {
+			e.stats.UnknownBlocks.Add(1)
+			continue
+		}
+		e.hashes = append(e.hashes, b.seq)
+		if b.tiers &^= 1 << tier; b.tiers == 0 {
+			e.forget(eh)
+		} else {
+			e.remember(eh, b)
+		}
+	}
+	e.stats.BlocksRemoved.Add(int64(e.ix.Remove(e.worker, tier, e.hashes)))
+}

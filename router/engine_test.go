@@ -1,0 +1,212 @@
+package router
+
+import (
+	"encoding/hex"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+type engineRig struct {
+	ix    *Index
+	w     Worker
+	eng   *Engine
+	stats *FeedStats
+	opts  FeedOptions
+}
+
+func newEngineRig(t *testing.T, tiers int, media map[string]int) *engineRig {
+	o := DefaultIndexOptions()
+	o.Tiers = tiers
+	ix, err := NewIndex(o)
+	require.NoError(t, err)
+	rig := &engineRig{ix: ix, stats: &FeedStats{}, opts: DefaultFeedOptions()}
+	if media != nil {
+		rig.opts.Media = media
+	}
+	rig.w, _ = ix.AddWorker(0)
+	rig.eng, err = NewEngine(ix, rig.w, &rig.opts, rig.stats)
+	require.NoError(t, err)
+	return rig
+}
+
+func (g *engineRig) overlap(hs []uint64, tier int) int {
+	var m Match
+	g.ix.Match(hs, &m)
+	return m.Blocks(g.w, tier)
+}
+
+// Hashes recomputed from an event's tokens and extra keys (LoRA name, [media id, offset] pairs,
+// the cache salt) equal the hashes of the same prompt sent to the router with the same LoRA,
+// salt and media: the two sides meet in the index.
+func TestEngineHashesMeetRequestHashes(t *testing.T) {
+	r := newRand(t)
+	g := newEngineRig(t, 1, nil)
+	c := newConvo(r, 4)
+	const lora, salt, img = "adapter-7", "tenant-a", "img-uuid-1"
+	e := &msgpackEncoder{}
+	e.array(2).float(1).array(1)
+	e.array(9).str("BlockStored").array(4)
+	for _, h := range c.engine {
+		e.uint(h)
+	}
+	e.nil().array(64)
+	for _, tok := range c.tokens {
+		e.uint(uint64(tok))
+	}
+	e.uint(16).nil().str("GPU").str(lora)
+	// extra_keys: the image covers tokens 20..40 (blocks 1 and 2); the salt rides on block 0.
+	e.array(4)
+	e.array(2).str(lora).str(salt)
+	e.array(2).str(lora).array(2).str(img).uint(20)
+	e.array(2).str(lora).array(2).str(img).uint(20)
+	e.array(1).str(lora)
+	g.eng.Live(0, e.b, nil)
+	require.Zero(t, g.stats.BadEvents.Load()+g.stats.BadPayloads.Load())
+
+	h, _ := NewHasher(16)
+	want, err := h.Sequence(nil, c.tokens, SeedFor(lora, salt), []Media{{Hash: MediaHash(img), Offset: 20, Length: 20}})
+	require.NoError(t, err)
+	require.Equal(t, 4, g.overlap(want, 0))
+	plain, _ := h.Sequence(nil, c.tokens, SeedFor(lora, ""), nil)
+	require.Equal(t, 0, g.overlap(plain, 0), "without the salt nothing matches")
+
+	// A continuation event names its parent by engine hash; the salt and LoRA carry over.
+	more := newConvo(r, 1)
+	e = &msgpackEncoder{}
+	e.array(2).float(1).array(1)
+	e.array(8).str("BlockStored").array(1).uint(more.engine[0]).uint(c.engine[3]).array(16)
+	for _, tok := range more.tokens {
+		e.uint(uint64(tok))
+	}
+	e.uint(16).nil().str("GPU").str(lora)
+	g.eng.Live(1, e.b, nil)
+	want, _ = h.Sequence(nil, append(append([]uint32(nil), c.tokens...), more.tokens...), SeedFor(lora, salt),
+		[]Media{{Hash: MediaHash(img), Offset: 20, Length: 20}})
+	require.Equal(t, 5, g.overlap(want, 0))
+}
+
+func TestEngineFiltersAndMistakes(t *testing.T) {
+	r := newRand(t)
+	g := newEngineRig(t, 2, map[string]int{"GPU": 0, "CPU": 1})
+	c := newConvo(r, 4)
+	batch := func(events ...func(e *msgpackEncoder)) []byte {
+		e := &msgpackEncoder{}
+		e.array(2).float(1).array(len(events))
+		for _, ev := range events {
+			ev(e)
+		}
+		return e.b
+	}
+	stored := func(a, b int, medium string, group int, kind string, bs int) func(e *msgpackEncoder) {
+		return func(e *msgpackEncoder) {
+			e.array(11).str("BlockStored").array(b - a)
+			for _, h := range c.engine[a:b] {
+				e.uint(h)
+			}
+			if a == 0 {
+				e.nil()
+			} else {
+				e.uint(c.engine[a-1])
+			}
+			e.array((b - a) * bs)
+			for i := range (b - a) * bs {
+				e.uint(uint64(c.tokens[(a*16+i)%len(c.tokens)]))
+			}
+			e.uint(uint64(bs)).nil().str(medium).nil().nil().uint(uint64(group)).str(kind)
+		}
+	}
+	seq := uint64(0)
+	live := func(p []byte) { g.eng.Live(seq, p, nil); seq++ }
+
+	live(batch(stored(0, 2, "disk", 0, "full_attention", 16)))
+	require.Equal(t, int64(1), g.stats.Filtered.Load(), "unknown medium")
+	live(batch(stored(0, 2, "GPU", 1, "sliding_window", 16)))
+	require.Equal(t, int64(2), g.stats.Filtered.Load(), "not the full-attention group")
+	live(batch(stored(0, 2, "GPU", 0, "full_attention", 32)))
+	require.Equal(t, int64(1), g.stats.SizeMismatch.Load())
+	live(batch(stored(2, 4, "GPU", 0, "full_attention", 16)))
+	require.Equal(t, int64(1), g.stats.UnknownParent.Load())
+	live(batch(stored(0, 2, "GPU", 0, "full_attention", 16), stored(2, 4, "CPU", 0, "full_attention", 16)))
+	require.Equal(t, 2, g.overlap(c.ours, 0))
+	require.Equal(t, 4, g.overlap(c.ours, 1), "device blocks then host blocks")
+	live(batch(stored(0, 2, "GPU", 1, "full_attention", 16)))
+	require.Equal(t, int64(3), g.stats.Filtered.Load(), "group 0 is the routed one now")
+
+	// Removing from one tier keeps the other; a removal of an unknown block is counted.
+	e := &msgpackEncoder{}
+	e.array(2).float(1).array(2)
+	e.array(3).str("BlockRemoved").array(2).uint(c.engine[0]).uint(12345).str("GPU")
+	e.array(3).str("BlockRemoved").array(1).uint(c.engine[3]).str("CPU")
+	live(e.b)
+	require.Equal(t, int64(1), g.stats.UnknownBlocks.Load())
+	require.Equal(t, 0, g.overlap(c.ours, 0))
+	require.Equal(t, int64(1), g.ix.Held(g.w, 0), "GPU keeps block 1")
+	require.Equal(t, int64(1), g.ix.Held(g.w, 1), "CPU keeps block 2")
+
+	// A gap without a replayer: the state is dropped, the new batch applied.
+	seq += 5
+	live(batch(stored(0, 1, "GPU", 0, "full_attention", 16)))
+	require.Equal(t, int64(1), g.stats.Unrecoverable.Load())
+	require.Equal(t, int64(1), g.ix.Entries())
+	// AllBlocksCleared.
+	e = &msgpackEncoder{}
+	e.array(2).float(1).array(1).array(1).str("AllBlocksCleared")
+	live(e.b)
+	require.Zero(t, g.ix.Entries())
+	require.Equal(t, int64(1), g.stats.Clears.Load())
+}
+
+// The engine-hash map is bounded: past MaxEngineBlocks the oldest generation is forgotten.
+func TestEngineHashMapBounded(t *testing.T) {
+	r := newRand(t)
+	g := newEngineRig(t, 1, nil)
+	g.opts.MaxEngineBlocks = 8
+	for i := range 20 {
+		c := newConvo(r, 1)
+		e := &msgpackEncoder{}
+		e.array(2).float(1).array(1)
+		c.stored(e, 0, 1, false)
+		g.eng.Live(uint64(i), e.b, nil)
+	}
+	require.LessOrEqual(t, len(g.eng.blocks)+len(g.eng.older), 8)
+	require.Equal(t, int64(20), g.ix.Entries(), "the index keeps them: its cap is the guard")
+}
+
+// Whatever arrives, the engine counts and skips what it cannot use and never panics; the index
+// stays consistent with what the engine says it applied.
+func FuzzEngineLive(f *testing.F) {
+	for _, c := range batchCases(f) {
+		p, _ := hex.DecodeString(c.Payload)
+		f.Add(uint64(0), p)
+	}
+	e := &msgpackEncoder{}
+	e.array(2).float(1).array(2)
+	e.array(7).str("BlockStored").array(1).uint(9).nil().array(16)
+	for i := range 16 {
+		e.uint(uint64(i))
+	}
+	e.uint(16).nil().str("GPU")
+	e.array(3).str("BlockRemoved").array(1).uint(9).str("GPU")
+	f.Add(uint64(3), e.b)
+	f.Fuzz(func(t *testing.T, seq uint64, payload []byte) {
+		ix, _ := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 2, Shards: 2})
+		w, _ := ix.AddWorker(0)
+		opts := DefaultFeedOptions()
+		opts.Media = map[string]int{"GPU": 0, "CPU": 1}
+		var stats FeedStats
+		eng, err := NewEngine(ix, w, &opts, &stats)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eng.Live(seq, payload, nil)
+		eng.Live(seq+1, payload, nil)
+		var b Batch
+		if DecodeBatch(payload, &b) != nil && stats.BadPayloads.Load() != 2 {
+			t.Fatalf("an undecodable payload was not counted twice: %d", stats.BadPayloads.Load())
+		}
+		if got := ix.Held(w, 0) + ix.Held(w, 1); got != ix.Entries() || got > 2*int64(len(payload)) {
+			t.Fatalf("index holds %d entries, worker %d", ix.Entries(), got)
+		}
+	})
+}

@@ -1,0 +1,213 @@
+package router
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+)
+
+// The router's HTTP API (the standalone `dataplane router`, and a debug surface for the daemon):
+//
+//	POST /v1/route      {"token_ids": [...], "media": [...], "salt", "lora", "allow": [...], "request_id"}
+//	                    → {"worker", "blocks", "tokens", "scores": [per worker: overlap, load, cost, ...]}
+//	                    With a request_id the request is tracked against the chosen worker until
+//	POST /v1/lifecycle  {"request_id", "event": "first_token" | "finish" | "cancel"}
+//	GET  /v1/workers    every worker's cached blocks, active blocks, prefill tokens, health
+//	GET  /healthz, GET /metrics
+
+// RouteRequest is the body of POST /v1/route.
+type RouteRequest struct {
+	TokenIDs  []uint32     `json:"token_ids"`
+	Media     []RouteMedia `json:"media,omitempty"`
+	Salt      string       `json:"salt,omitempty"`
+	LoRA      string       `json:"lora,omitempty"`
+	Allow     []string     `json:"allow,omitempty"`
+	RequestID string       `json:"request_id,omitempty"`
+}
+
+// RouteMedia is a media item: its hash (a number, or a string holding a decimal or 0x-hex
+// number) or its identifier (vLLM's mm_hash / uuid, mapped with MediaHash), and its placeholder
+// tokens' position.
+type RouteMedia struct {
+	Hash   json.RawMessage `json:"hash,omitempty"`
+	ID     string          `json:"id,omitempty"`
+	Offset int             `json:"offset"`
+	Length int             `json:"length"`
+}
+
+func (m RouteMedia) toMedia(i int) (Media, error) {
+	out := Media{Offset: m.Offset, Length: m.Length}
+	switch {
+	case m.ID != "" && len(m.Hash) == 0:
+		out.Hash = MediaHash(m.ID)
+	case m.ID == "" && len(m.Hash) > 0:
+		s := strings.Trim(string(m.Hash), `"`)
+		v, err := strconv.ParseUint(s, 0, 64)
+		if err != nil {
+			return out, fmt.Errorf("media[%d].hash %s: not a 64-bit unsigned number", i, m.Hash)
+		}
+		out.Hash = v
+	default:
+		return out, fmt.Errorf("media[%d]: give exactly one of hash and id", i)
+	}
+	return out, nil
+}
+
+// LifecycleRequest is the body of POST /v1/lifecycle.
+type LifecycleRequest struct {
+	RequestID string `json:"request_id"`
+	Event     string `json:"event"`
+}
+
+// HTTPHandler serves the router's API on fasthttp. Registry is where /metrics reads from (the
+// router's Collector must be registered there by the caller).
+type HTTPHandler struct {
+	r        *Router
+	metrics  fasthttp.RequestHandler
+	latency  prometheus.Histogram
+	requests *prometheus.CounterVec
+	now      func() time.Time
+}
+
+// NewHTTPHandler builds the handler and registers its own request metrics on reg.
+func NewHTTPHandler(r *Router, reg *prometheus.Registry) *HTTPHandler {
+	h := &HTTPHandler{
+		r:       r,
+		metrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dataplane_router_route_duration_seconds",
+			Help:    "Time to answer POST /v1/route: parse, hash, match, score.",
+			Buckets: prometheus.ExponentialBuckets(5e-6, 2, 16),
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dataplane_router_http_requests_total",
+			Help: "Router HTTP requests by route and status code.",
+		}, []string{"route", "code"}),
+		now: time.Now,
+	}
+	reg.MustRegister(h.latency, h.requests)
+	return h
+}
+
+// Handle is the fasthttp handler.
+func (h *HTTPHandler) Handle(ctx *fasthttp.RequestCtx) {
+	route := "other"
+	switch path, post := string(ctx.Path()), ctx.IsPost(); {
+	case path == "/v1/route" && post:
+		route = "/v1/route"
+		start := h.now()
+		h.route(ctx)
+		h.latency.Observe(h.now().Sub(start).Seconds())
+	case path == "/v1/lifecycle" && post:
+		route = "/v1/lifecycle"
+		h.lifecycle(ctx)
+	case path == "/v1/workers":
+		route = "/v1/workers"
+		writeJSON(ctx, fasthttp.StatusOK, h.r.Snapshot())
+	case path == "/healthz":
+		route = "/healthz"
+		ctx.SetContentType("text/plain; charset=utf-8")
+		ctx.SetBodyString("ok\n")
+	case path == "/metrics":
+		route = "/metrics"
+		h.metrics(ctx)
+	case path == "/v1/route" || path == "/v1/lifecycle":
+		route = path
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", path+" takes POST")
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(path))
+	}
+	h.requests.WithLabelValues(route, strconv.Itoa(ctx.Response.StatusCode())).Inc()
+}
+
+func (h *HTTPHandler) route(ctx *fasthttp.RequestCtx) {
+	var req RouteRequest
+	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "body: "+err.Error())
+		return
+	}
+	if len(req.TokenIDs) == 0 {
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "token_ids: empty")
+		return
+	}
+	media := make([]Media, 0, len(req.Media))
+	for i, m := range req.Media {
+		mm, err := m.toMedia(i)
+		if err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
+		media = append(media, mm)
+	}
+	var d Decision
+	err := h.r.Decide(Request{Tokens: req.TokenIDs, Media: media, LoRA: req.LoRA, Salt: req.Salt, Allow: req.Allow}, &d)
+	var bad *ErrBadMedia
+	var none *ErrNoWorker
+	switch {
+	case errors.As(err, &bad):
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	case errors.As(err, &none):
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "no_worker", err.Error())
+		return
+	case err != nil:
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", err.Error())
+		return
+	}
+	if req.RequestID != "" {
+		if err := h.r.Start(req.RequestID, d, d.Worker, h.now()); err != nil {
+			writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", err.Error())
+			return
+		}
+	}
+	writeJSON(ctx, fasthttp.StatusOK, d)
+}
+
+func (h *HTTPHandler) lifecycle(ctx *fasthttp.RequestCtx) {
+	var req LifecycleRequest
+	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "body: "+err.Error())
+		return
+	}
+	switch req.Event {
+	case "first_token":
+		h.r.FirstToken(req.RequestID)
+	case "finish", "cancel":
+		if !h.r.Finish(req.RequestID) {
+			writeError(ctx, fasthttp.StatusNotFound, "not_found", "request "+strconv.Quote(req.RequestID)+" is not tracked (finished or expired)")
+			return
+		}
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error",
+			"event "+strconv.Quote(req.Event)+": want first_token, finish or cancel")
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]string{"request_id": req.RequestID, "event": req.Event})
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", err.Error())
+		return
+	}
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// writeError sets an OpenAI-style JSON error, as the daemon's own API does.
+func writeError(ctx *fasthttp.RequestCtx, code int, typ, msg string) {
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": code}})
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}

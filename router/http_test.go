@@ -1,0 +1,97 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"github.com/valyala/fasthttp"
+)
+
+func TestHTTPAPI(t *testing.T) {
+	rnd := newRand(t)
+	r, _ := newTestRouter(t, "w1", "w2")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(r))
+	h := NewHTTPHandler(r, reg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &fasthttp.Server{Handler: h.Handle, MaxRequestBodySize: 1 << 20}
+	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown below
+	defer srv.Shutdown()
+	base := "http://" + ln.Addr().String()
+
+	call := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	prompt := tokensN(rnd, 100)
+	h2, _ := NewHasher(16)
+	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", "t1"), []Media{{Hash: MediaHash("cat.png"), Offset: 10, Length: 20}})
+	r.Index().Store(r.find("w2").slot, 0, hashes[:5])
+
+	ids, _ := json.Marshal(prompt)
+	body := fmt.Sprintf(`{"token_ids": %s, "salt": "t1", "media": [{"id": "cat.png", "offset": 10, "length": 20}], "request_id": "req-1"}`, ids)
+	code, out := call("POST", "/v1/route", body)
+	require.Equal(t, 200, code, out)
+	var d Decision
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	require.Equal(t, "w2", d.Worker)
+	require.Equal(t, 6, d.Blocks)
+	require.Equal(t, 5, scoreOf(t, d, "w2").Overlap)
+	_, _, reqs := r.Slots().Load(r.find("w2").slot)
+	require.Equal(t, int64(1), reqs)
+
+	// The same media given by hash, as a string; the id already tracked is a conflict.
+	body = fmt.Sprintf(`{"token_ids": %s, "salt": "t1", "media": [{"hash": "%d", "offset": 10, "length": 20}], "request_id": "req-1"}`, ids, MediaHash("cat.png"))
+	code, out = call("POST", "/v1/route", body)
+	require.Equal(t, 409, code, out)
+
+	code, out = call("POST", "/v1/lifecycle", `{"request_id": "req-1", "event": "first_token"}`)
+	require.Equal(t, 200, code, out)
+	code, _ = call("POST", "/v1/lifecycle", `{"request_id": "req-1", "event": "finish"}`)
+	require.Equal(t, 200, code)
+	code, out = call("POST", "/v1/lifecycle", `{"request_id": "req-1", "event": "finish"}`)
+	require.Equal(t, 404, code, out)
+
+	bad := func(method, path, body string, want int, contains string) {
+		t.Helper()
+		code, out := call(method, path, body)
+		require.Equal(t, want, code, out)
+		require.Contains(t, out, contains)
+	}
+	bad("POST", "/v1/route", `{"token_ids": [1, -2]}`, 400, "body:")
+	bad("POST", "/v1/route", `{"token_ids": []}`, 400, "token_ids: empty")
+	bad("POST", "/v1/route", `{"token_ids": [1], "media": [{"id": "x", "hash": 1, "offset": 0, "length": 1}]}`, 400, "media[0]")
+	bad("POST", "/v1/route", `{"token_ids": [1], "media": [{"hash": "nope", "offset": 0, "length": 1}]}`, 400, "media[0].hash")
+	bad("POST", "/v1/route", `{"token_ids": [1], "media": [{"id": "x", "offset": 0, "length": 9}]}`, 400, "media item 0")
+	bad("POST", "/v1/route", `{"token_ids": [1], "allow": ["w9"]}`, 503, "no eligible worker")
+	bad("GET", "/v1/route", ``, 405, "takes POST")
+	bad("POST", "/v1/lifecycle", `{"request_id": "x", "event": "explode"}`, 400, "want first_token")
+	bad("GET", "/nowhere", ``, 404, "no endpoint")
+
+	code, out = call("GET", "/v1/workers", "")
+	require.Equal(t, 200, code)
+	require.Contains(t, out, `"worker":"w2"`)
+	code, out = call("GET", "/metrics", "")
+	require.Equal(t, 200, code)
+	for _, m := range []string{"dataplane_router_index_blocks 5", `dataplane_router_worker_cached_blocks{tier="0",worker="w2"} 5`,
+		"dataplane_router_decisions_total 2", `dataplane_router_http_requests_total{code="200",route="/v1/route"} 1`} {
+		require.Contains(t, out, m)
+	}
+	require.True(t, bytes.Contains([]byte(out), []byte("dataplane_router_route_duration_seconds_bucket")))
+}

@@ -1,0 +1,403 @@
+package router
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// IndexOptions size an Index. DefaultIndexOptions has the defaults.
+type IndexOptions struct {
+	// MaxWorkers is how many workers can be registered at once; rounded up to a multiple of 64
+	// (one mask word per 64 workers per tier). Default 64.
+	MaxWorkers int
+	// Tiers is the number of storage tiers tracked per block (tier 0 is device memory; vLLM's
+	// "GPU" medium; further tiers e.g. "CPU"). Default 1.
+	Tiers int
+	// Shards is the number of independently locked tables, a power of two. Default 256.
+	Shards int
+}
+
+// DefaultIndexOptions: 64 workers, one tier, 256 shards.
+func DefaultIndexOptions() IndexOptions {
+	return IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 256}
+}
+
+// Worker is a worker's slot in an Index: a small dense number handed out by AddWorker.
+type Worker int
+
+// Index maps block sequence hashes to the workers holding each block, per tier. Matching
+// (reads) never takes a lock; writes lock one shard per block. All methods are safe for
+// concurrent use; events of one worker must be applied in order by the caller (one goroutine
+// per worker does it), and nothing may store for a worker after RemoveWorker.
+type Index struct {
+	opts   IndexOptions
+	words  int // mask words per tier
+	stride int // words per slot: key + tiers × words
+	shift  uint
+	shards []shard
+
+	regMu   sync.Mutex // guards registration (live flags are read atomically)
+	workers []workerState
+}
+
+type workerState struct {
+	live     atomic.Bool
+	capacity atomic.Int64   // most blocks per tier; 0: no cap
+	counts   []atomic.Int64 // blocks held per tier
+
+	evictMu sync.Mutex    // serialises evictions of this worker
+	cursor  []evictCursor // per tier: where the next eviction scan starts
+}
+
+type evictCursor struct{ shard, slot int }
+
+// ErrIndexOptions reports an unusable IndexOptions field.
+type ErrIndexOptions struct{ Field, Problem string }
+
+func (e *ErrIndexOptions) Error() string { return "index options: " + e.Field + " " + e.Problem }
+
+// ErrNoWorkerSlot means MaxWorkers workers are registered already.
+type ErrNoWorkerSlot struct{ Max int }
+
+func (e *ErrNoWorkerSlot) Error() string {
+	return fmt.Sprintf("index full: %d workers registered (IndexOptions.MaxWorkers)", e.Max)
+}
+
+// NewIndex returns an empty index.
+func NewIndex(opts IndexOptions) (*Index, error) {
+	switch {
+	case opts.MaxWorkers <= 0 || opts.MaxWorkers > 1<<16:
+		return nil, &ErrIndexOptions{"MaxWorkers", fmt.Sprintf("%d: want 1..65536", opts.MaxWorkers)}
+	case opts.Tiers <= 0 || opts.Tiers > 8:
+		return nil, &ErrIndexOptions{"Tiers", fmt.Sprintf("%d: want 1..8", opts.Tiers)}
+	case opts.Shards <= 0 || opts.Shards > 1<<16 || opts.Shards&(opts.Shards-1) != 0:
+		return nil, &ErrIndexOptions{"Shards", fmt.Sprintf("%d: want a power of two up to 65536", opts.Shards)}
+	}
+	words := (opts.MaxWorkers + 63) / 64
+	opts.MaxWorkers = words * 64
+	ix := &Index{
+		opts:    opts,
+		words:   words,
+		stride:  1 + opts.Tiers*words,
+		shift:   uint(64 - bits.TrailingZeros(uint(opts.Shards))),
+		shards:  make([]shard, opts.Shards),
+		workers: make([]workerState, opts.MaxWorkers),
+	}
+	if opts.Shards == 1 {
+		ix.shift = 64 // x >> 64 is 0 in Go
+	}
+	for i := range ix.shards {
+		ix.shards[i].tab.Store(newTable(minSlots, ix.stride))
+		ix.shards[i].scratch = make([]uint64, ix.stride-1)
+	}
+	for i := range ix.workers {
+		ix.workers[i].counts = make([]atomic.Int64, opts.Tiers)
+		ix.workers[i].cursor = make([]evictCursor, opts.Tiers)
+	}
+	return ix, nil
+}
+
+// Options returns the options the index was built with (MaxWorkers rounded up).
+func (ix *Index) Options() IndexOptions { return ix.opts }
+
+// AddWorker registers a worker holding at most capacity blocks per tier (0: no cap) and
+// returns its slot. Slots of removed workers are reused.
+func (ix *Index) AddWorker(capacity int64) (Worker, error) {
+	ix.regMu.Lock()
+	defer ix.regMu.Unlock()
+	for i := range ix.workers {
+		ws := &ix.workers[i]
+		if !ws.live.Load() {
+			ws.capacity.Store(max(capacity, 0))
+			ws.live.Store(true)
+			return Worker(i), nil
+		}
+	}
+	return -1, &ErrNoWorkerSlot{Max: ix.opts.MaxWorkers}
+}
+
+// SetCapacity changes a worker's cap (e.g. when its engine reports its block count) and evicts
+// down to it.
+func (ix *Index) SetCapacity(w Worker, capacity int64) {
+	ws := &ix.workers[w]
+	ws.capacity.Store(max(capacity, 0))
+	for tier := range ix.opts.Tiers {
+		ix.enforceCap(w, tier)
+	}
+}
+
+// RemoveWorker drops everything the worker holds and frees its slot.
+func (ix *Index) RemoveWorker(w Worker) {
+	ix.ClearWorker(w)
+	ix.regMu.Lock()
+	ix.workers[w].live.Store(false)
+	ix.regMu.Unlock()
+}
+
+// ClearWorker drops everything the worker holds (vLLM's AllBlocksCleared, an engine restart).
+// It walks every shard: O(index size), for rare events.
+func (ix *Index) ClearWorker(w Worker) {
+	ws := &ix.workers[w]
+	word, bit := bitOf(int(w))
+	cleared := make([]int64, ix.opts.Tiers)
+	for i := range ix.shards {
+		s := &ix.shards[i]
+		s.mu.Lock()
+		s.clearWorker(word, bit, 0, ix.opts.Tiers, ix.words, 0, -1, cleared)
+		s.mu.Unlock()
+	}
+	for tier, n := range cleared {
+		ws.counts[tier].Add(-n)
+	}
+}
+
+func (ix *Index) shardOf(key uint64) *shard { return &ix.shards[key>>ix.shift] }
+
+// Store records that worker w holds the blocks on tier; hashes already held are no-ops. It
+// returns how many (block, worker) entries were added. Past the worker's cap, the index evicts
+// the worker's entries in table order from a rotating cursor: the engine's own LRU order is not
+// visible to a router, so the cap is a guard against lost remove events, not a cache model.
+func (ix *Index) Store(w Worker, tier int, hashes []uint64) int {
+	added := ix.eachBlock(w, tier, hashes, (*shard).setBit)
+	ix.workers[w].counts[tier].Add(int64(added))
+	ix.enforceCap(w, tier)
+	return added
+}
+
+// Remove records that worker w no longer holds the blocks on tier. Blocks nobody holds any more
+// are deleted at once. It returns how many entries were removed.
+func (ix *Index) Remove(w Worker, tier int, hashes []uint64) int {
+	removed := ix.eachBlock(w, tier, hashes, (*shard).clearBit)
+	ix.workers[w].counts[tier].Add(-int64(removed))
+	return removed
+}
+
+// eachBlock applies op (setBit or clearBit) to worker w's bit on tier for each hash, under its
+// shard's lock, prefetching runs of slots ahead, and counts the changes op reports.
+func (ix *Index) eachBlock(w Worker, tier int, hashes []uint64, op func(s *shard, key uint64, word int, bit uint64) bool) int {
+	word, bit := bitOf(int(w))
+	word += tier * ix.words
+	changed := 0
+	var addrs [matchRun]uintptr
+	for i, h := range hashes {
+		if i%matchRun == 0 {
+			ix.prefetchSlots(hashes[i:min(i+matchRun, len(hashes))], addrs[:0])
+		}
+		key := keyOf(h)
+		s := ix.shardOf(key)
+		s.mu.Lock()
+		if op(s, key, word, bit) {
+			changed++
+		}
+		s.mu.Unlock()
+	}
+	return changed
+}
+
+func (ix *Index) enforceCap(w Worker, tier int) {
+	ws := &ix.workers[w]
+	capacity := ws.capacity.Load()
+	if capacity == 0 || ws.counts[tier].Load() <= capacity {
+		return
+	}
+	ws.evictMu.Lock()
+	defer ws.evictMu.Unlock()
+	word, bit := bitOf(int(w))
+	cleared := make([]int64, ix.opts.Tiers)
+	c := &ws.cursor[tier]
+	// At most one full pass plus the rest of the starting shard.
+	for passes := 0; passes <= len(ix.shards); {
+		excess := ws.counts[tier].Load() - ws.capacity.Load()
+		if excess <= 0 {
+			return
+		}
+		s := &ix.shards[c.shard]
+		s.mu.Lock()
+		next := s.clearWorker(word, bit, tier, tier+1, ix.words, c.slot, int(excess), cleared)
+		s.mu.Unlock()
+		ws.counts[tier].Add(-cleared[tier])
+		cleared[tier] = 0
+		if next < 0 {
+			c.shard, c.slot = (c.shard+1)%len(ix.shards), 0
+			passes++
+		} else {
+			c.slot = next
+		}
+	}
+}
+
+// Blocks is the number of distinct blocks in the index (its nodes).
+func (ix *Index) Blocks() int64 {
+	var n int64
+	for i := range ix.shards {
+		n += ix.shards[i].tab.Load().used.Load()
+	}
+	return n
+}
+
+// Entries is the number of (block, worker, tier) entries.
+func (ix *Index) Entries() int64 {
+	var n int64
+	for i := range ix.workers {
+		for t := range ix.workers[i].counts {
+			n += ix.workers[i].counts[t].Load()
+		}
+	}
+	return n
+}
+
+// Held is how many blocks worker w holds on tier.
+func (ix *Index) Held(w Worker, tier int) int64 { return ix.workers[w].counts[tier].Load() }
+
+// Match is the answer to a query: for each worker and tier, how many leading blocks of the
+// query the worker holds on that tier or a faster one (tier 0: device memory only; tier 1:
+// device or the next tier, ...). Reuse one Match per goroutine; it allocates only when the
+// index layout is larger than the last one it served.
+type Match struct {
+	n, tiers, maxWorkers int
+	blocks               []int32 // [tier*maxWorkers + worker]
+	active, buf          []uint64
+	addrs                []uintptr // prefetch addresses (scratch)
+}
+
+// Len is the number of blocks queried.
+func (m *Match) Len() int { return m.n }
+
+// Blocks is how many leading blocks of the query worker w holds on tier or a faster one.
+func (m *Match) Blocks(w Worker, tier int) int { return int(m.blocks[tier*m.maxWorkers+int(w)]) }
+
+func (m *Match) reset(ix *Index, n int) {
+	m.n, m.tiers, m.maxWorkers = n, ix.opts.Tiers, ix.opts.MaxWorkers
+	m.blocks = resize(m.blocks, m.tiers*m.maxWorkers)
+	clear(m.blocks)
+	m.active = resize(m.active, m.tiers*ix.words)
+	m.buf = resize(m.buf, ix.stride-1)
+}
+
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// Match fills m with each worker's leading-block overlap with hashes (sequence hashes, first
+// block first). It takes no lock and stops at the first block nobody holds.
+func (ix *Index) Match(hashes []uint64, m *Match) {
+	m.reset(ix, len(hashes))
+	if len(hashes) == 0 {
+		return
+	}
+	if ix.stride == 2 {
+		ix.match1(hashes, m)
+		return
+	}
+	words, tiers := ix.words, ix.opts.Tiers
+	for i, h := range hashes {
+		key := keyOf(h)
+		if !ix.shardOf(key).read(key, m.buf) {
+			clear(m.buf)
+		}
+		anyLeft := false
+		for wd := range words {
+			cum := uint64(0) // tier t counts blocks held on tier t or any faster tier
+			for t := range tiers {
+				a := &m.active[t*words+wd]
+				cum |= m.buf[t*words+wd]
+				na := cum
+				if i > 0 {
+					na &= *a
+					m.record(t, wd, *a&^na, i)
+				}
+				*a = na
+				anyLeft = anyLeft || na != 0
+			}
+		}
+		if !anyLeft {
+			return
+		}
+	}
+	for t := range tiers {
+		for wd := range words {
+			m.record(t, wd, m.active[t*words+wd], len(hashes))
+		}
+	}
+}
+
+// record sets the count of every worker in gone (mask word wd of tier t) to n.
+func (m *Match) record(t, wd int, gone uint64, n int) {
+	base := t*m.maxWorkers + wd*64
+	for gone != 0 {
+		m.blocks[base+bits.TrailingZeros64(gone)] = int32(n)
+		gone &= gone - 1
+	}
+}
+
+// match1 is Match for one mask word and one tier. Blocks are looked up in runs of matchRun; the
+// home slots of the next run are prefetched before the current run is probed, so the cache
+// misses of a long prompt overlap with each other and with the probing.
+func (ix *Index) match1(hashes []uint64, m *Match) {
+	active := ^uint64(0)
+	ix.prefetchRun(hashes[:min(matchRun, len(hashes))], m)
+	for base := 0; base < len(hashes); base += matchRun {
+		run := hashes[base:min(base+matchRun, len(hashes))]
+		if next := base + matchRun; next < len(hashes) {
+			ix.prefetchRun(hashes[next:min(next+matchRun, len(hashes))], m)
+		}
+		for j, h := range run {
+			key := keyOf(h)
+			s := ix.shardOf(key)
+			// The read1 fast path, inlined: one version check around one probe.
+			v := s.version.Load()
+			t := s.tab.Load()
+			var held uint64
+			for i := key & t.mask; ; i = (i + 1) & t.mask {
+				k := t.slots[i*2].Load()
+				if k == key {
+					held = t.slots[i*2+1].Load()
+					break
+				}
+				if k == 0 {
+					break
+				}
+			}
+			if v&1 != 0 || s.version.Load() != v {
+				held = s.read1(key) // a writer moved keys meanwhile: retry properly
+			}
+			na := active & held
+			if i := base + j; i > 0 {
+				m.record(0, 0, active&^na, i)
+			}
+			active = na
+			if active == 0 {
+				return
+			}
+		}
+	}
+	m.record(0, 0, active, len(hashes))
+}
+
+// matchRun is how many blocks are prefetched ahead: enough misses in flight to fill the core's
+// miss buffers, few enough that a prompt whose match ends early wastes little.
+const matchRun = 32
+
+// prefetchRun prefetches the home slot of each hash.
+func (ix *Index) prefetchRun(hashes []uint64, m *Match) {
+	m.addrs = ix.prefetchSlots(hashes, m.addrs[:0])
+}
+
+// prefetchSlots prefetches the home slot of each hash, using addrs (appended to, returned) for
+// the addresses. Writers use it too: a store or remove of a run of blocks misses the cache once
+// per block, and these misses overlap as well.
+func (ix *Index) prefetchSlots(hashes []uint64, addrs []uintptr) []uintptr {
+	for _, h := range hashes {
+		key := keyOf(h)
+		t := ix.shardOf(key).tab.Load()
+		addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[(key&t.mask)*uint64(t.stride)])))
+	}
+	prefetch(addrs)
+	return addrs
+}

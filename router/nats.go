@@ -1,0 +1,101 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// KV events from our own engines over NATS. The format (documented in README.md):
+//
+//	subject  <prefix>.<worker>          default prefix "dataplane.kv"; <worker> is one NATS token
+//	payload  seq (8 bytes, big-endian) ‖ a vLLM KV-event batch in msgpack (either layout)
+//
+// seq counts the engine's batches from 0 and starts again at 0 when it restarts, exactly as
+// vLLM's ZMQ publisher does, so the same Engine logic applies: duplicates are ignored, a step
+// back drops the worker's state. Core NATS keeps no history, so a gap cannot be replayed: the
+// worker's state is dropped and rebuilt from the next batches (DESIGN.md: correctness before hit
+// rate).
+
+// DefaultNATSPrefix is the subject prefix our engines publish on.
+const DefaultNATSPrefix = "dataplane.kv"
+
+// NATSStats count messages the NATS subscriber could not hand to an engine.
+type NATSStats struct {
+	UnknownWorker atomic.Int64 // subject names a worker the router does not have
+	BadMessages   atomic.Int64 // shorter than the 8-byte sequence number
+}
+
+// NATSMessage builds a message payload: seq then the msgpack batch.
+func NATSMessage(seq uint64, batch []byte) []byte {
+	out := make([]byte, 8, 8+len(batch))
+	for i := range 8 {
+		out[i] = byte(seq >> (56 - 8*i))
+	}
+	return append(out, batch...)
+}
+
+// SubscribeNATS feeds r's workers from <prefix>.<worker> until ctx ends. Messages are handled
+// one at a time on the subscription's goroutine (so each worker's batches stay in order); the
+// client's pending limits bound what waits, and an overflow shows up as a sequence gap.
+func SubscribeNATS(ctx context.Context, nc *nats.Conn, prefix string, r *Router, stats *NATSStats) error {
+	sub, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
+		name := strings.TrimPrefix(m.Subject, prefix+".")
+		w := r.find(name)
+		switch {
+		case w == nil:
+			stats.UnknownWorker.Add(1)
+		case len(m.Data) < 8:
+			stats.BadMessages.Add(1)
+		default:
+			seq, _ := be64(m.Data[:8])
+			w.engine.Live(seq, m.Data[8:], nil)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("nats subscribe %s.>: %w", prefix, err)
+	}
+	if err := nc.Flush(); err != nil { // the server has the subscription when this returns
+		return fmt.Errorf("nats subscribe %s.>: %w", prefix, err)
+	}
+	<-ctx.Done()
+	// Drain lets the handler finish what is queued; Unsubscribe would drop it.
+	if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		return err
+	}
+	return ctx.Err()
+}
+
+// StartEmbeddedNATS starts an in-process NATS server listening on addr (HOST:PORT; port 0
+// picks one) and returns it once it accepts clients. Shut it down with Shutdown.
+func StartEmbeddedNATS(addr string) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: address %q: %w", addr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: port %q: %w", portStr, err)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	s, err := server.NewServer(&server.Options{Host: host, Port: port, NoLog: true, NoSigs: true})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("embedded nats: not ready after 10s")
+	}
+	return s, nil
+}

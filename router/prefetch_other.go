@@ -1,0 +1,6 @@
+//go:build !amd64 && !arm64
+
+package router
+
+// prefetch is a no-op where we have no prefetch instruction wired up.
+func prefetch([]uintptr) {}

@@ -1,0 +1,332 @@
+package router
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configure a Router. DefaultOptions has every default.
+type Options struct {
+	BlockSize       int            // tokens per KV block, as the engines use (vLLM --block-size); 16
+	OverlapWeight   float64        // weight of prefill blocks against decode blocks in the cost; 1
+	Temperature     float64        // 0: cheapest worker; > 0: softmax over normalised costs; 0
+	Index           IndexOptions   // DefaultIndexOptions: 64 workers, device tier only, 256 shards
+	Media           map[string]int // event medium → index tier; {"GPU": 0}
+	Capacity        int64          // default per-worker cap on index blocks per tier (0: none); 0
+	RequestTTL      time.Duration  // in-flight requests older than this are dropped; 5m (Dynamo's)
+	MaxRequests     int            // most requests tracked in flight; 1<<20
+	MaxEngineBlocks int            // per-engine hash map bound (FeedOptions); 1<<20
+	Seed            uint64         // for temperature draws; 0: random
+}
+
+// DefaultOptions are the defaults above.
+func DefaultOptions() Options {
+	f := DefaultFeedOptions()
+	return Options{BlockSize: 16, OverlapWeight: 1, Index: DefaultIndexOptions(), Media: f.Media,
+		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, MaxEngineBlocks: f.MaxEngineBlocks}
+}
+
+// Router ties the pieces together: the cache index fed by KV events, the slot tracker fed by
+// the request lifecycle, and the scorer. Each piece is usable alone; the Router keeps worker
+// names, health and engines, and answers Decide without taking a lock.
+type Router struct {
+	opts  Options
+	feed  FeedOptions
+	ix    *Index
+	slots *Slots
+	stats FeedStats
+
+	regMu   sync.Mutex                // serialises worker registration
+	workers atomic.Pointer[[]*worker] // copy-on-write, sorted by name
+
+	randMu sync.Mutex
+	rand   *rand.Rand
+
+	decisions atomic.Int64
+	hashers   sync.Pool
+}
+
+type worker struct {
+	name    string
+	slot    Worker
+	healthy atomic.Bool
+	engine  *Engine // the engine feeding its index entries, if any
+}
+
+// ErrUnknownWorker names a worker the router does not have.
+type ErrUnknownWorker struct{ Name string }
+
+func (e *ErrUnknownWorker) Error() string { return fmt.Sprintf("no worker %q", e.Name) }
+
+// ErrNoWorker means no worker was eligible for a request.
+type ErrNoWorker struct{ Workers int }
+
+func (e *ErrNoWorker) Error() string {
+	return fmt.Sprintf("no eligible worker among %d (unhealthy or not allowed)", e.Workers)
+}
+
+// New builds a router with no workers.
+func New(opts Options) (*Router, error) {
+	if opts.BlockSize <= 0 {
+		return nil, ErrBlockSize(opts.BlockSize)
+	}
+	if opts.OverlapWeight < 0 || opts.Temperature < 0 {
+		return nil, fmt.Errorf("router options: overlap weight %v and temperature %v must not be negative", opts.OverlapWeight, opts.Temperature)
+	}
+	ix, err := NewIndex(opts.Index)
+	if err != nil {
+		return nil, err
+	}
+	for medium, tier := range opts.Media {
+		if tier < 0 || tier >= opts.Index.Tiers {
+			return nil, fmt.Errorf("router options: medium %q maps to tier %d, the index has %d tiers", medium, tier, opts.Index.Tiers)
+		}
+	}
+	slots, err := NewSlots(opts.Index.MaxWorkers, opts.BlockSize, opts.RequestTTL, opts.MaxRequests)
+	if err != nil {
+		return nil, err
+	}
+	seed := opts.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	r := &Router{opts: opts, ix: ix, slots: slots, rand: rand.New(rand.NewPCG(seed, 0x5eed)),
+		feed: FeedOptions{BlockSize: opts.BlockSize, Media: opts.Media, MaxEngineBlocks: opts.MaxEngineBlocks}}
+	r.workers.Store(&[]*worker{})
+	r.hashers.New = func() any { return newScratch(opts.BlockSize) }
+	return r, nil
+}
+
+// Index, Slots and Stats expose the parts (for metrics and debugging).
+func (r *Router) Index() *Index     { return r.ix }
+func (r *Router) Slots() *Slots     { return r.slots }
+func (r *Router) Stats() *FeedStats { return &r.stats }
+func (r *Router) Options() Options  { return r.opts }
+func (r *Router) Decisions() int64  { return r.decisions.Load() }
+
+// AddWorker registers a healthy worker and returns the engine that keeps its index entries
+// from its KV events (feed it with Engine.Live, or hand it to SubscribeZMQ).
+func (r *Router) AddWorker(name string) (*Engine, error) {
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	old := *r.workers.Load()
+	if slices.ContainsFunc(old, func(w *worker) bool { return w.name == name }) {
+		return nil, fmt.Errorf("worker %q already registered", name)
+	}
+	slot, err := r.ix.AddWorker(r.opts.Capacity)
+	if err != nil {
+		return nil, err
+	}
+	eng, err := NewEngine(r.ix, slot, &r.feed, &r.stats)
+	if err != nil {
+		r.ix.RemoveWorker(slot)
+		return nil, err
+	}
+	w := &worker{name: name, slot: slot, engine: eng}
+	w.healthy.Store(true)
+	next := append(slices.Clone(old), w)
+	slices.SortFunc(next, func(a, b *worker) int { return cmp.Compare(a.name, b.name) })
+	r.workers.Store(&next)
+	return eng, nil
+}
+
+// RemoveWorker forgets a worker: its index entries and its requests in flight. Stop feeding its
+// engine first.
+func (r *Router) RemoveWorker(name string) error {
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	old := *r.workers.Load()
+	i := slices.IndexFunc(old, func(w *worker) bool { return w.name == name })
+	if i < 0 {
+		return &ErrUnknownWorker{Name: name}
+	}
+	next := slices.Delete(slices.Clone(old), i, i+1)
+	r.workers.Store(&next)
+	r.slots.ForgetWorker(old[i].slot)
+	r.ix.RemoveWorker(old[i].slot)
+	return nil
+}
+
+// SetHealthy marks a worker eligible or not for new requests.
+func (r *Router) SetHealthy(name string, healthy bool) error {
+	w := r.find(name)
+	if w == nil {
+		return &ErrUnknownWorker{Name: name}
+	}
+	w.healthy.Store(healthy)
+	return nil
+}
+
+// SetCapacity sets a worker's cap on index blocks (its engine's KV block count).
+func (r *Router) SetCapacity(name string, blocks int64) error {
+	w := r.find(name)
+	if w == nil {
+		return &ErrUnknownWorker{Name: name}
+	}
+	r.ix.SetCapacity(w.slot, blocks)
+	return nil
+}
+
+func (r *Router) find(name string) *worker {
+	for _, w := range *r.workers.Load() {
+		if w.name == name {
+			return w
+		}
+	}
+	return nil
+}
+
+// Workers lists the registered worker names, sorted.
+func (r *Router) Workers() []string {
+	var out []string
+	for _, w := range *r.workers.Load() {
+		out = append(out, w.name)
+	}
+	return out
+}
+
+// Request is what a routing decision needs.
+type Request struct {
+	Tokens []uint32 // the prompt's token ids
+	Media  []Media  // multimodal items and the token positions their placeholders occupy
+	LoRA   string   // adapter name, mixed into block hashes
+	Salt   string   // cache salt (tenant isolation), mixed into block hashes
+	Allow  []string // if not empty, only these workers are eligible
+	// Extra, if set, adds per-worker cost terms in block units: the media encoder's ETA on that
+	// worker's side and the feature transfer time (filled by the daemon; 0 here).
+	Extra func(worker string) (encodeETA, transfer float64)
+}
+
+// Decision is a routing answer and its explanation.
+type Decision struct {
+	Worker string        `json:"worker"`
+	Blocks int           `json:"blocks"` // full blocks of the prompt
+	Tokens int           `json:"tokens"`
+	Hashes []uint64      `json:"-"` // the prompt's sequence hashes, for Start
+	Scores []WorkerScore `json:"scores"`
+}
+
+// scratch is per-call state Decide takes from a pool.
+type scratch struct {
+	hasher         *Hasher
+	cached, active Match
+}
+
+func newScratch(blockSize int) *scratch {
+	h, _ := NewHasher(blockSize) // blockSize was checked by New
+	return &scratch{hasher: h}
+}
+
+// Decide scores every worker for a request, picks one and writes the answer and its
+// explanation into d, reusing d's slices (a caller that keeps one Decision per goroutine
+// allocates nothing). It changes nothing else: call Start to record the request against the
+// chosen worker. Errors: *ErrBadMedia, *ErrNoWorker (d then still explains why).
+func (r *Router) Decide(req Request, d *Decision) error {
+	sc := r.hashers.Get().(*scratch)
+	defer r.hashers.Put(sc)
+	bs := r.opts.BlockSize
+	isl := len(req.Tokens)
+	hashes, err := sc.hasher.Sequence(d.Hashes[:0], req.Tokens, SeedFor(req.LoRA, req.Salt), req.Media)
+	if err != nil {
+		return err
+	}
+	r.ix.Match(hashes, &sc.cached)
+	r.slots.ActiveMatch(hashes, &sc.active)
+	total := (isl + bs - 1) / bs
+	workers := *r.workers.Load()
+	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), isl, hashes
+	d.Scores = resize(d.Scores, len(workers))
+	lastTier := r.opts.Index.Tiers - 1
+	for i, w := range workers {
+		s := &d.Scores[i]
+		*s = WorkerScore{Worker: w.name}
+		s.Overlap = sc.cached.Blocks(w.slot, 0)
+		s.OverlapAny = sc.cached.Blocks(w.slot, lastTier)
+		s.ActiveBlocks, s.PrefillTokens, _ = r.slots.Load(w.slot)
+		s.NewBlocks = total - sc.active.Blocks(w.slot, 0)
+		s.Uncached = max(isl-s.Overlap*bs, 0)
+		s.PrefillBlocks = float64(s.PrefillTokens+int64(s.Uncached)) / float64(bs)
+		s.DecodeBlocks = float64(s.ActiveBlocks + int64(s.NewBlocks))
+		if req.Extra != nil {
+			s.EncodeETA, s.Transfer = req.Extra(w.name)
+		}
+		s.Cost = r.opts.OverlapWeight*s.PrefillBlocks + s.DecodeBlocks + s.EncodeETA + s.Transfer
+		switch {
+		case !w.healthy.Load():
+			s.Excluded = "unhealthy"
+		case len(req.Allow) > 0 && !slices.Contains(req.Allow, w.name):
+			s.Excluded = "not in allow-list"
+		default:
+			s.Eligible = true
+		}
+	}
+	u := 0.0
+	if r.opts.Temperature > 0 {
+		r.randMu.Lock()
+		u = r.rand.Float64()
+		r.randMu.Unlock()
+	}
+	pick := Choose(d.Scores, r.opts.Temperature, u)
+	if pick < 0 {
+		return &ErrNoWorker{Workers: len(workers)}
+	}
+	d.Worker = d.Scores[pick].Worker
+	r.decisions.Add(1)
+	return nil
+}
+
+// Start records a request routed by d (to d.Worker, or another worker the caller chose) with the
+// lifecycle tracker, until FirstToken, Finish or expiry.
+func (r *Router) Start(id string, d Decision, workerName string, now time.Time) error {
+	w := r.find(workerName)
+	if w == nil {
+		return &ErrUnknownWorker{Name: workerName}
+	}
+	uncached := d.Tokens
+	for _, s := range d.Scores {
+		if s.Worker == workerName {
+			uncached = s.Uncached
+		}
+	}
+	return r.slots.Start(id, w.slot, d.Hashes, d.Tokens, uncached, now)
+}
+
+// FirstToken, Finish: the rest of the lifecycle (Finish also serves cancellation).
+func (r *Router) FirstToken(id string) { r.slots.FirstToken(id) }
+
+// Finish records the end of a request; false if it was not tracked (finished or expired).
+func (r *Router) Finish(id string) bool { return r.slots.Finish(id) }
+
+// Expire drops requests older than the TTL; call it now and then (the standalone router does
+// every TTL/10).
+func (r *Router) Expire(now time.Time) int { return r.slots.Expire(now) }
+
+// WorkerLoad is a worker's row in Snapshot.
+type WorkerLoad struct {
+	Worker        string  `json:"worker"`
+	Slot          Worker  `json:"slot"`
+	Healthy       bool    `json:"healthy"`
+	Blocks        []int64 `json:"cached_blocks"` // index blocks held, per tier
+	ActiveBlocks  int64   `json:"active_blocks"`
+	PrefillTokens int64   `json:"prefill_tokens"`
+	Requests      int64   `json:"requests"`
+}
+
+// Snapshot reports every worker's state (for metrics and debugging).
+func (r *Router) Snapshot() []WorkerLoad {
+	var out []WorkerLoad
+	for _, w := range *r.workers.Load() {
+		l := WorkerLoad{Worker: w.name, Slot: w.slot, Healthy: w.healthy.Load()}
+		for t := range r.opts.Index.Tiers {
+			l.Blocks = append(l.Blocks, r.ix.Held(w.slot, t))
+		}
+		l.ActiveBlocks, l.PrefillTokens, l.Requests = r.slots.Load(w.slot)
+		out = append(out, l)
+	}
+	return out
+}

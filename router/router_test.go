@@ -1,0 +1,195 @@
+package router
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func tokensN(r interface{ Uint32N(uint32) uint32 }, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = r.Uint32N(100_000)
+	}
+	return out
+}
+
+func newTestRouter(t *testing.T, names ...string) (*Router, map[string]*Engine) {
+	opts := DefaultOptions()
+	opts.Seed = 1
+	r, err := New(opts)
+	require.NoError(t, err)
+	engines := map[string]*Engine{}
+	for _, n := range names {
+		e, err := r.AddWorker(n)
+		require.NoError(t, err)
+		engines[n] = e
+	}
+	return r, engines
+}
+
+// decide is Decide into a fresh Decision.
+func decide(r *Router, req Request) (Decision, error) {
+	var d Decision
+	err := r.Decide(req, &d)
+	return d, err
+}
+
+func scoreOf(t *testing.T, d Decision, name string) WorkerScore {
+	for _, s := range d.Scores {
+		if s.Worker == name {
+			return s
+		}
+	}
+	t.Fatalf("no score for %s", name)
+	return WorkerScore{}
+}
+
+// The cost is Dynamo's: weight × (outstanding + uncached prefill tokens) / block size + active
+// blocks + this prompt's blocks not active there; each term is checked by hand.
+func TestDecideCostAndExplanation(t *testing.T) {
+	rnd := newRand(t)
+	r, _ := newTestRouter(t, "a", "b", "c")
+	prompt := tokensN(rnd, 16*10+5) // 10 full blocks and a partial one
+	h, _ := NewHasher(16)
+	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
+	r.Index().Store(r.find("a").slot, 0, hashes[:6]) // a caches 6 blocks
+	r.Index().Store(r.find("b").slot, 0, hashes[:2])
+
+	// b already serves a request sharing the first 4 blocks, not yet past prefill.
+	other := append(append([]uint32(nil), prompt[:64]...), tokensN(rnd, 40)...)
+	od, err := decide(r, Request{Tokens: other})
+	require.NoError(t, err)
+	require.NoError(t, r.Start("r1", od, "b", time.Now()))
+
+	d, err := decide(r, Request{Tokens: prompt})
+	require.NoError(t, err)
+	require.Equal(t, 10, d.Blocks)
+	a, b, c := scoreOf(t, d, "a"), scoreOf(t, d, "b"), scoreOf(t, d, "c")
+	require.Equal(t, 6, a.Overlap)
+	require.Equal(t, 165-96, a.Uncached)
+	require.Equal(t, 11, a.NewBlocks)
+	require.InDelta(t, float64(165-96)/16+11, a.Cost, 1e-9)
+	// b: 2 cached; its in-flight request holds 104 tokens = 7 blocks (6 full + 1 partial), of which
+	// the first 4 are this prompt's too, and still has 104-32 tokens to prefill.
+	require.Equal(t, 2, b.Overlap)
+	require.Equal(t, int64(7), b.ActiveBlocks)
+	require.Equal(t, int64(104-32), b.PrefillTokens)
+	require.Equal(t, 11-4, b.NewBlocks)
+	require.InDelta(t, float64(104-32+165-32)/16+7+7, b.Cost, 1e-9)
+	require.InDelta(t, float64(165)/16+11, c.Cost, 1e-9)
+	require.Equal(t, "a", d.Worker)
+	require.Equal(t, 1.0, a.Probability)
+
+	// The first token clears b's prefill; finishing frees its blocks.
+	r.FirstToken("r1")
+	_, pre, _ := r.Slots().Load(r.find("b").slot)
+	require.Zero(t, pre)
+	require.True(t, r.Finish("r1"))
+	require.False(t, r.Finish("r1"))
+	blocks, _, reqs := r.Slots().Load(r.find("b").slot)
+	require.Zero(t, blocks+reqs)
+}
+
+func TestDecideFiltersAndTies(t *testing.T) {
+	rnd := newRand(t)
+	r, _ := newTestRouter(t, "x", "y", "z")
+	prompt := tokensN(rnd, 64)
+	d, err := decide(r, Request{Tokens: prompt})
+	require.NoError(t, err)
+	require.Equal(t, "x", d.Worker, "equal costs and overlaps: the smallest name")
+
+	require.NoError(t, r.SetHealthy("x", false))
+	d, err = decide(r, Request{Tokens: prompt, Allow: []string{"x", "z"}})
+	require.NoError(t, err)
+	require.Equal(t, "z", d.Worker)
+	require.Equal(t, "unhealthy", scoreOf(t, d, "x").Excluded)
+	require.Equal(t, "not in allow-list", scoreOf(t, d, "y").Excluded)
+	_, err = decide(r, Request{Tokens: prompt, Allow: []string{"x"}})
+	var none *ErrNoWorker
+	require.True(t, errors.As(err, &none))
+
+	// Extra cost terms (encode ETA, transfer) move the choice.
+	require.NoError(t, r.SetHealthy("x", true))
+	d, err = decide(r, Request{Tokens: prompt, Extra: func(w string) (float64, float64) {
+		if w == "x" {
+			return 3, 1
+		}
+		return 0, 0.5
+	}})
+	require.NoError(t, err)
+	require.Equal(t, "y", d.Worker)
+	require.Equal(t, 3.0, scoreOf(t, d, "x").EncodeETA)
+
+	_, err = decide(r, Request{Tokens: prompt, Media: []Media{{Offset: 60, Length: 10}}})
+	var bad *ErrBadMedia
+	require.True(t, errors.As(err, &bad))
+	require.Error(t, r.SetHealthy("nobody", true))
+	require.NoError(t, r.RemoveWorker("y"))
+	require.Equal(t, []string{"x", "z"}, r.Workers())
+}
+
+// With T > 0 the probabilities are Dynamo's softmax over costs normalised to [0, 1].
+func TestChooseSoftmax(t *testing.T) {
+	scores := []WorkerScore{{Worker: "a", Cost: 0, Eligible: true}, {Worker: "b", Cost: 3, Eligible: true},
+		{Worker: "c", Cost: 9, Eligible: true}, {Worker: "d", Cost: 1, Eligible: false}}
+	const temp = 0.5
+	pick := Choose(scores, temp, 0.99)
+	z := 1 + math.Exp(-(3.0/9)/temp) + math.Exp(-1/temp)
+	require.InDelta(t, 1/z, scores[0].Probability, 1e-12)
+	require.InDelta(t, math.Exp(-(3.0/9)/temp)/z, scores[1].Probability, 1e-12)
+	require.InDelta(t, math.Exp(-1/temp)/z, scores[2].Probability, 1e-12)
+	require.Zero(t, scores[3].Probability)
+	require.Equal(t, 2, pick, "u = 0.99 falls in the last bucket")
+	require.Equal(t, 0, Choose(scores, temp, 0.1))
+
+	// Empirically, draws follow the probabilities.
+	rnd := newRand(t)
+	counts := make([]int, 4)
+	for range 20000 {
+		counts[Choose(scores, temp, rnd.Float64())]++
+	}
+	for i := range 3 {
+		require.InDelta(t, scores[i].Probability, float64(counts[i])/20000, 0.02)
+	}
+	eq := []WorkerScore{{Cost: 2, Eligible: true}, {Cost: 2, Eligible: true}}
+	require.Equal(t, 1, Choose(eq, 1, 0.7))
+	require.Equal(t, 0.5, eq[0].Probability)
+}
+
+// Shared prefixes count once per worker; expiry drops lost requests; the oldest goes first when
+// the tracker is full.
+func TestSlotsRefCountsAndExpiry(t *testing.T) {
+	s, err := NewSlots(64, 16, time.Minute, 3)
+	require.NoError(t, err)
+	t0 := time.Now()
+	require.NoError(t, s.Start("a", 1, []uint64{1, 2, 3}, 48, 48, t0))
+	require.NoError(t, s.Start("b", 1, []uint64{1, 2, 4}, 50, 20, t0.Add(time.Second)))
+	var dup *ErrDuplicateRequest
+	require.True(t, errors.As(s.Start("a", 1, nil, 0, 0, t0), &dup))
+	blocks, prefill, reqs := s.Load(1)
+	require.Equal(t, int64(4+1), blocks, "blocks 1-4 once, plus b's partial block")
+	require.Equal(t, int64(68), prefill)
+	require.Equal(t, int64(2), reqs)
+	var m Match
+	s.ActiveMatch([]uint64{1, 2, 3}, &m)
+	require.Equal(t, 3, m.Blocks(1, 0))
+	require.True(t, s.Finish("a"))
+	s.ActiveMatch([]uint64{1, 2, 3}, &m)
+	require.Equal(t, 2, m.Blocks(1, 0), "block 3 was only a's")
+	require.Equal(t, 0, s.Expire(t0.Add(time.Minute)))
+	require.Equal(t, 1, s.Expire(t0.Add(time.Minute+time.Second)))
+	blocks, prefill, reqs = s.Load(1)
+	require.Zero(t, blocks+prefill+reqs)
+
+	for i, id := range []string{"p", "q", "r", "s"} {
+		require.NoError(t, s.Start(id, 2, []uint64{uint64(10 + i)}, 16, 0, t0))
+	}
+	require.Equal(t, 3, s.InFlight())
+	require.False(t, s.Finish("p"), "the oldest made room")
+	s.ForgetWorker(2)
+	require.Zero(t, s.InFlight())
+}

@@ -1,0 +1,193 @@
+package router
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Slots tracks each worker's load from the request lifecycle the router sees: blocks in use by
+// requests in flight, ref-counted by sequence hash so a prefix shared by many requests counts
+// once, and prefill tokens not yet computed (dropped at the first output token). It is the
+// router's own view: authoritative for what the router sent, blind to traffic that bypassed it.
+//
+// Writes (Start, FirstToken, Finish, Expire) take one mutex; reads for scoring do not: the
+// per-worker totals are atomics and "which blocks are active where" is an Index.
+type Slots struct {
+	blockSize int
+	ttl       time.Duration
+	max       int
+
+	active *Index // bit set: the worker has at least one request in flight using the block
+	loads  []workerLoad
+
+	mu    sync.Mutex
+	refs  map[refKey]int32
+	reqs  map[string]*slotRequest
+	order []string // request ids in start order, for expiry (may hold finished ids)
+	buf   []uint64
+}
+
+type workerLoad struct {
+	blocks  atomic.Int64 // distinct blocks in use, the unhashed tail blocks included
+	prefill atomic.Int64 // prompt tokens still to compute
+	reqs    atomic.Int64
+}
+
+type refKey struct {
+	hash   uint64
+	worker Worker
+}
+
+type slotRequest struct {
+	worker  Worker
+	hashes  []uint64
+	private int // blocks of the request nobody else can share (a partial last block)
+	prefill int64
+	started time.Time
+}
+
+// ErrDuplicateRequest reports a Start for a request id already in flight.
+type ErrDuplicateRequest struct{ ID string }
+
+func (e *ErrDuplicateRequest) Error() string {
+	return fmt.Sprintf("request %q is already tracked", e.ID)
+}
+
+// NewSlots tracks up to maxRequests requests in flight for workers of an index with maxWorkers
+// slots; requests older than ttl are dropped by Expire.
+func NewSlots(maxWorkers, blockSize int, ttl time.Duration, maxRequests int) (*Slots, error) {
+	ix, err := NewIndex(IndexOptions{MaxWorkers: maxWorkers, Tiers: 1, Shards: 64})
+	if err != nil {
+		return nil, err
+	}
+	return &Slots{blockSize: blockSize, ttl: ttl, max: max(maxRequests, 1), active: ix,
+		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: map[refKey]int32{}, reqs: map[string]*slotRequest{}}, nil
+}
+
+// Load is a worker's current load: distinct active blocks, outstanding prefill tokens and
+// requests in flight.
+func (s *Slots) Load(w Worker) (blocks, prefillTokens, requests int64) {
+	l := &s.loads[w]
+	return l.blocks.Load(), l.prefill.Load(), l.reqs.Load()
+}
+
+// ActiveMatch reports, per worker, how many leading blocks of hashes are already in use there.
+func (s *Slots) ActiveMatch(hashes []uint64, m *Match) { s.active.Match(hashes, m) }
+
+// Start records a request sent to worker w: its full-block sequence hashes, its prompt length
+// (the partial last block counts as one unshared block) and the prompt tokens the worker must
+// compute. Past maxRequests the oldest request is dropped first.
+func (s *Slots) Start(id string, w Worker, hashes []uint64, promptTokens int, prefillTokens int, now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.reqs[id]; ok {
+		return &ErrDuplicateRequest{ID: id}
+	}
+	for len(s.reqs) >= s.max && len(s.order) > 0 {
+		s.finishLocked(s.order[0])
+		s.order = s.order[1:]
+	}
+	total := (promptTokens + s.blockSize - 1) / s.blockSize
+	req := &slotRequest{worker: w, hashes: append([]uint64(nil), hashes...), private: max(total-len(hashes), 0),
+		prefill: int64(max(prefillTokens, 0)), started: now}
+	s.reqs[id] = req
+	s.order = append(s.order, id)
+	fresh := s.buf[:0]
+	for _, h := range hashes {
+		k := refKey{h, w}
+		if s.refs[k]++; s.refs[k] == 1 {
+			fresh = append(fresh, h)
+		}
+	}
+	s.active.Store(w, 0, fresh)
+	s.buf = fresh
+	l := &s.loads[w]
+	l.blocks.Add(int64(len(fresh) + req.private))
+	l.prefill.Add(req.prefill)
+	l.reqs.Add(1)
+	return nil
+}
+
+// FirstToken records a request's first output token: its prefill is done. Unknown ids (already
+// finished or expired) are ignored.
+func (s *Slots) FirstToken(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req, ok := s.reqs[id]; ok {
+		s.loads[req.worker].prefill.Add(-req.prefill)
+		req.prefill = 0
+	}
+}
+
+// Finish records a request's end (completed or cancelled) and reports whether it was tracked.
+func (s *Slots) Finish(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.finishLocked(id)
+}
+
+func (s *Slots) finishLocked(id string) bool {
+	req, ok := s.reqs[id]
+	if !ok {
+		return false
+	}
+	delete(s.reqs, id)
+	gone := s.buf[:0]
+	for _, h := range req.hashes {
+		k := refKey{h, req.worker}
+		if s.refs[k]--; s.refs[k] <= 0 {
+			delete(s.refs, k)
+			gone = append(gone, h)
+		}
+	}
+	s.active.Remove(req.worker, 0, gone)
+	s.buf = gone
+	l := &s.loads[req.worker]
+	l.blocks.Add(-int64(len(gone) + req.private))
+	l.prefill.Add(-req.prefill)
+	l.reqs.Add(-1)
+	return true
+}
+
+// Expire drops requests started more than the TTL before now (lost finishes: a client that
+// vanished, a router restart) and returns how many.
+func (s *Slots) Expire(now time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for len(s.order) > 0 {
+		id := s.order[0]
+		req, ok := s.reqs[id]
+		if ok && now.Sub(req.started) < s.ttl {
+			break
+		}
+		if ok && s.finishLocked(id) {
+			n++
+		}
+		s.order = s.order[1:]
+	}
+	if cap(s.order) > 1024 && len(s.order) < cap(s.order)/4 {
+		s.order = append([]string(nil), s.order...) // let a drained queue's array go
+	}
+	return n
+}
+
+// ForgetWorker drops every request of worker w (it left the fleet).
+func (s *Slots) ForgetWorker(w Worker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, req := range s.reqs {
+		if req.worker == w {
+			s.finishLocked(id)
+		}
+	}
+}
+
+// InFlight is the number of requests tracked.
+func (s *Slots) InFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.reqs)
+}

@@ -1,0 +1,319 @@
+package router
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// One shard of the index: an open-addressing hash table (linear probing) from sequence hash to
+// holder bit masks, written under mu and read without any lock.
+//
+// Slots are flat runs of `stride` atomic words: the key (0 = empty), then tiers × words mask
+// words (bit w of word w/64 of tier t: worker w holds the block on tier t or faster is NOT
+// implied; each tier has its own bits). Every word is read and written atomically, so readers
+// never see a torn word and the race detector sees no race.
+//
+// Readers are optimistic (a seqlock): setting or clearing a holder bit is one atomic word and
+// needs nothing more; only changes that move keys (deleting a key shifts later keys of its
+// probe run back, a resize swaps the table) make version odd for their duration. A reader that
+// saw the version change retries; it never waits on a lock.
+type shard struct {
+	version atomic.Uint64
+	tab     atomic.Pointer[table]
+	_       [48]byte // keep writers' lock off the readers' cache line
+
+	mu      sync.Mutex // held by writers; guards everything below and all writes to tab's slots
+	scratch []uint64   // mask words of a key being inserted
+
+	// brokenDelete makes deletes leave a hole instead of shifting the probe run back: a
+	// deliberate bug, set only by the test that proves the model check catches bugs.
+	brokenDelete bool
+}
+
+type table struct {
+	slots  []atomic.Uint64
+	mask   uint64 // slot count - 1 (a power of two)
+	stride int
+	used   atomic.Int64 // keys in the table; written under the shard lock, read by metrics
+}
+
+const (
+	minSlots = 8
+	// maxLoadNum/maxLoadDen is the load that triggers growth; a table shrinks to half below 1/8.
+	maxLoadNum, maxLoadDen = 13, 16
+	// zeroKey stands in for a sequence hash of 0, since key 0 marks an empty slot.
+	zeroKey = 0x9e3779b97f4a7c15
+)
+
+func keyOf(h uint64) uint64 {
+	if h == 0 {
+		return zeroKey
+	}
+	return h
+}
+
+func newTable(slots, stride int) *table {
+	return &table{slots: make([]atomic.Uint64, slots*stride), mask: uint64(slots - 1), stride: stride}
+}
+
+func (t *table) size() int { return int(t.mask) + 1 }
+
+// find returns the slot index holding key, or -1.
+func (t *table) find(key uint64) int {
+	st := t.stride
+	for i, n := key&t.mask, 0; n <= int(t.mask); i, n = (i+1)&t.mask, n+1 {
+		k := t.slots[int(i)*st].Load()
+		if k == key {
+			return int(i)
+		}
+		if k == 0 {
+			return -1
+		}
+	}
+	return -1
+}
+
+// words returns slot i's mask words.
+func (t *table) words(i int) []atomic.Uint64 {
+	base := i*t.stride + 1
+	return t.slots[base : base+t.stride-1]
+}
+
+// insertNew puts key (known absent) with its mask words into the first empty slot of its run
+// and returns the slot. The masks are written before the key, so a reader that finds the key
+// reads its masks.
+func (t *table) insertNew(key uint64, masks []uint64) int {
+	st := t.stride
+	i := key & t.mask
+	for t.slots[int(i)*st].Load() != 0 {
+		i = (i + 1) & t.mask
+	}
+	w := t.words(int(i))
+	for j, m := range masks {
+		w[j].Store(m)
+	}
+	t.slots[int(i)*st].Store(key)
+	t.used.Add(1)
+	return int(i)
+}
+
+// deleteAt empties slot i and shifts later keys of its probe run back into the hole (so lookups
+// need no tombstones). Callers make the shard version odd around it.
+func (t *table) deleteAt(i int) {
+	st := t.stride
+	hole := uint64(i)
+	for j := (hole + 1) & t.mask; ; j = (j + 1) & t.mask {
+		k := t.slots[int(j)*st].Load()
+		if k == 0 {
+			break
+		}
+		home := k & t.mask
+		// Move k into the hole unless its home lies cyclically in (hole, j].
+		if (j-home)&t.mask >= (j-hole)&t.mask {
+			src, dst := t.slots[int(j)*st:int(j)*st+st], t.slots[int(hole)*st:int(hole)*st+st]
+			for w := 1; w < st; w++ {
+				dst[w].Store(src[w].Load())
+			}
+			dst[0].Store(k)
+			hole = j
+		}
+	}
+	base := int(hole) * st
+	for w := range st {
+		t.slots[base+w].Store(0)
+	}
+	t.used.Add(-1)
+}
+
+// rebuilt returns a copy of t with room for its keys at the given slot count.
+func (t *table) rebuilt(slots int) *table {
+	nt := newTable(slots, t.stride)
+	masks := make([]uint64, t.stride-1)
+	for i := 0; i < t.size(); i++ {
+		k := t.slots[i*t.stride].Load()
+		if k == 0 {
+			continue
+		}
+		ws := t.words(i)
+		for j := range ws {
+			masks[j] = ws[j].Load()
+		}
+		nt.insertNew(k, masks)
+	}
+	return nt
+}
+
+// read copies key's mask words into dst (len stride-1) and reports whether the key is present,
+// without locking: it retries while a writer is moving keys.
+func (s *shard) read(key uint64, dst []uint64) bool {
+	for spins := 0; ; spins++ {
+		v := s.version.Load()
+		if v&1 == 0 {
+			t := s.tab.Load()
+			i := t.find(key)
+			if i >= 0 {
+				ws := t.words(i)
+				for j := range ws {
+					dst[j] = ws[j].Load()
+				}
+			}
+			if s.version.Load() == v {
+				return i >= 0
+			}
+		}
+		if spins&63 == 63 {
+			runtime.Gosched() // the writer may have been descheduled mid-move
+		}
+	}
+}
+
+// read1 is read for the common layout of one mask word (≤ 64 workers, one tier), without the
+// copy loop. It returns 0 when the key is absent.
+func (s *shard) read1(key uint64) uint64 {
+	for spins := 0; ; spins++ {
+		v := s.version.Load()
+		if v&1 == 0 {
+			t := s.tab.Load()
+			var m uint64
+			for i := key & t.mask; ; i = (i + 1) & t.mask {
+				k := t.slots[i*2].Load()
+				if k == key {
+					m = t.slots[i*2+1].Load()
+					break
+				}
+				if k == 0 {
+					break
+				}
+			}
+			if s.version.Load() == v {
+				return m
+			}
+		}
+		if spins&63 == 63 {
+			runtime.Gosched()
+		}
+	}
+}
+
+// The write side. Each method must be called with s.mu held.
+
+// setBit sets holder bit (word, bit) of key, inserting the key if absent, and reports whether
+// the bit was newly set.
+func (s *shard) setBit(key uint64, word int, bit uint64) bool {
+	t := s.tab.Load()
+	if i := t.find(key); i >= 0 {
+		w := &t.words(i)[word]
+		old := w.Or(bit)
+		return old&bit == 0
+	}
+	if (int(t.used.Load())+1)*maxLoadDen > t.size()*maxLoadNum {
+		t = s.swap(t.rebuilt(t.size() * 2))
+	}
+	masks := s.scratch[:t.stride-1]
+	clear(masks)
+	masks[word] = bit
+	t.insertNew(key, masks)
+	return true
+}
+
+// clearBit clears holder bit (word, bit) of key and deletes the key when no bit is left. It
+// reports whether the bit was set.
+func (s *shard) clearBit(key uint64, word int, bit uint64) bool {
+	t := s.tab.Load()
+	i := t.find(key)
+	if i < 0 {
+		return false
+	}
+	old := t.words(i)[word].And(^bit)
+	if old&bit == 0 {
+		return false
+	}
+	if old == bit && s.emptyAt(t, i) {
+		s.delete(t, i)
+	}
+	return true
+}
+
+func (s *shard) emptyAt(t *table, i int) bool {
+	ws := t.words(i)
+	for j := range ws {
+		if ws[j].Load() != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// delete removes slot i (whose masks are all zero) and shrinks the table when it is mostly empty.
+func (s *shard) delete(t *table, i int) {
+	s.version.Add(1)
+	s.deleteAt(t, i)
+	s.version.Add(1)
+	if t.size() > minSlots && int(t.used.Load())*8 < t.size() {
+		s.swap(t.rebuilt(t.size() / 2))
+	}
+}
+
+func (s *shard) deleteAt(t *table, i int) {
+	if s.brokenDelete {
+		for w := range t.stride {
+			t.slots[i*t.stride+w].Store(0)
+		}
+		t.used.Add(-1)
+		return
+	}
+	t.deleteAt(i)
+}
+
+func (s *shard) swap(nt *table) *table {
+	s.version.Add(1)
+	s.tab.Store(nt)
+	s.version.Add(1)
+	return nt
+}
+
+// clearWorker clears the bits of worker (word, bit) in tiers [t0, t1) from slot `from` on, and
+// deletes emptied keys. It stops after `limit` cleared bits (limit < 0: no limit), adds the bits
+// cleared per tier into cleared, and returns the slot to resume from (-1 at the table's end).
+func (s *shard) clearWorker(word int, bit uint64, t0, t1, wordsPerTier, from, limit int, cleared []int64) int {
+	t := s.tab.Load()
+	for i := from; i < t.size(); {
+		if t.slots[i*t.stride].Load() == 0 {
+			i++
+			continue
+		}
+		ws := t.words(i)
+		hit := false
+		for tier := t0; tier < t1; tier++ {
+			w := &ws[tier*wordsPerTier+word]
+			if w.Load()&bit != 0 {
+				w.And(^bit)
+				cleared[tier]++
+				hit = true
+				limit--
+			}
+		}
+		if hit && s.emptyAt(t, i) {
+			// The shift may move a later key into slot i, so look at i again; a key moved from the
+			// start of the table to its end may be visited twice, which is harmless. A shrink
+			// rebuilds the table: continue in the new one from its start.
+			s.version.Add(1)
+			s.deleteAt(t, i)
+			s.version.Add(1)
+			if t.size() > minSlots && int(t.used.Load())*8 < t.size() {
+				t = s.swap(t.rebuilt(t.size() / 2))
+				i = 0
+			}
+		} else {
+			i++
+		}
+		if limit == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// bitOf maps a worker slot to its mask word and bit.
+func bitOf(w int) (int, uint64) { return w / 64, 1 << (uint(w) % 64) }

@@ -1,0 +1,455 @@
+package router
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strconv"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Decoding of vLLM's KV-event batches (vllm/distributed/kv_events.py), leniently: msgspec
+// writes a batch as an array [ts, events, data_parallel_rank?] when its structs are array_like
+// (older vLLM) or as a map {ts, events, data_parallel_rank} (newer), and each event as a tagged
+// array ["BlockStored", fields...] or a map with "type". Trailing fields at their defaults may
+// be missing (omit_defaults); unknown map keys and extra array fields are ignored.
+
+// EventKind is the type of a KV event.
+type EventKind uint8
+
+// The event kinds vLLM publishes.
+const (
+	BlockStored EventKind = iota + 1
+	BlockRemoved
+	AllBlocksCleared
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case BlockStored:
+		return "BlockStored"
+	case BlockRemoved:
+		return "BlockRemoved"
+	case AllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return "unknown"
+}
+
+// Event is one decoded KV event. Slices are reused by the next DecodeBatch into the same Batch.
+type Event struct {
+	Kind      EventKind
+	Hashes    []uint64 // the engine's block hashes: ints (low 64 bits) or the last 8 digest bytes, big-endian
+	Parent    uint64   // the engine hash of the block before Hashes[0], if HasParent
+	HasParent bool
+	Tokens    []uint32 // BlockStored: the stored blocks' tokens, block after block
+	BlockSize int
+	LoraName  string // BlockStored: lora_name, or the decimal lora_id from vLLM versions without names
+	Medium    string // "" when absent
+	Group     int    // attention group (group_idx); -1 when absent
+	SpecKind  string // kv_cache_spec_kind, e.g. "full_attention"; "" when absent
+	Extra     []BlockExtra
+}
+
+// BlockExtra is what vLLM's extra_keys say about one stored block that changes its hash: the
+// media items overlapping it (as router media hashes) and, on a sequence's first block, the
+// cache salt.
+type BlockExtra struct {
+	Media []uint64
+	Salt  string
+	strs  []string // plain strings, until resolveExtras sorts them out
+}
+
+// Batch is one published message. DPRank is -1 when the batch does not carry one.
+type Batch struct {
+	TS     float64
+	DPRank int
+	Events []Event
+}
+
+// DecodeBatch decodes a msgpack payload into b, reusing b's storage. A malformed payload is a
+// *DecodeError; b's contents are then unspecified.
+func DecodeBatch(payload []byte, b *Batch) error {
+	r := &mpReader{b: payload}
+	b.TS, b.DPRank = 0, -1
+	b.Events = b.Events[:0]
+	var err error
+	switch r.kind() {
+	case mpArray:
+		err = decodeBatchArray(r, b)
+	case mpMap:
+		err = decodeBatchMap(r, b)
+	default:
+		err = r.fail("batch is neither an array nor a map")
+	}
+	if err == nil && !r.done() {
+		err = r.fail("trailing bytes after the batch")
+	}
+	return err
+}
+
+func decodeBatchArray(r *mpReader, b *Batch) error {
+	n, err := r.readLen(false)
+	if err != nil {
+		return err
+	}
+	if n < 2 {
+		return r.fail(fmt.Sprintf("batch array has %d fields, want [ts, events, ...]", n))
+	}
+	for i := range n {
+		if err := decodeBatchField(r, b, i, ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func decodeBatchMap(r *mpReader, b *Batch) error {
+	n, err := r.readLen(true)
+	if err != nil {
+		return err
+	}
+	for range n {
+		key, err := r.readStr()
+		if err != nil {
+			return err
+		}
+		if err := decodeBatchField(r, b, -1, string(key)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeBatchField decodes field pos of an array batch, or the field named key of a map batch.
+func decodeBatchField(r *mpReader, b *Batch, pos int, key string) error {
+	switch {
+	case pos == 0 || key == "ts":
+		ts, err := r.readFloat()
+		b.TS = ts
+		return err
+	case pos == 1 || key == "events":
+		n, err := r.readLen(false)
+		if err != nil {
+			return err
+		}
+		for range n {
+			ev := nextEvent(b)
+			if err := decodeEvent(r, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	case pos == 2 || key == "data_parallel_rank":
+		if r.readNil() {
+			return nil
+		}
+		v, err := r.readSmallInt(0, 1<<20, "data_parallel_rank")
+		b.DPRank = int(v)
+		return err
+	}
+	return r.skip()
+}
+
+// nextEvent appends an event to b, reusing the storage of an earlier decode.
+func nextEvent(b *Batch) *Event {
+	if len(b.Events) < cap(b.Events) {
+		b.Events = b.Events[:len(b.Events)+1]
+	} else {
+		b.Events = append(b.Events, Event{})
+	}
+	ev := &b.Events[len(b.Events)-1]
+	*ev = Event{Hashes: ev.Hashes[:0], Tokens: ev.Tokens[:0], Extra: ev.Extra[:0], Group: -1}
+	return ev
+}
+
+// Field order of the array encoding after the tag.
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
+)
+
+func decodeEvent(r *mpReader, ev *Event) error {
+	isMap := r.kind() == mpMap
+	n, err := r.readLen(isMap)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return r.fail("empty event")
+	}
+	var loraID string
+	if !isMap {
+		tag, err := r.readStr()
+		if err != nil {
+			return err
+		}
+		if err := ev.setKind(r, tag); err != nil {
+			return err
+		}
+		fields := storedFields
+		if ev.Kind != BlockStored {
+			fields = removedFields
+		}
+		for i := 1; i < n; i++ {
+			name := ""
+			if ev.Kind != AllBlocksCleared && i-1 < len(fields) {
+				name = fields[i-1]
+			}
+			if err := decodeEventField(r, ev, name, &loraID); err != nil {
+				return err
+			}
+		}
+	} else {
+		for range n {
+			key, err := r.readStr()
+			if err != nil {
+				return err
+			}
+			if string(key) == "type" {
+				tag, err := r.readStr()
+				if err != nil {
+					return err
+				}
+				if err := ev.setKind(r, tag); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := decodeEventField(r, ev, string(key), &loraID); err != nil {
+				return err
+			}
+		}
+		if ev.Kind == 0 {
+			return r.fail(`event map without "type"`)
+		}
+	}
+	if ev.LoraName == "" {
+		ev.LoraName = loraID
+	}
+	return ev.resolveExtras()
+}
+
+func (ev *Event) setKind(r *mpReader, tag []byte) error {
+	switch string(tag) {
+	case "BlockStored":
+		ev.Kind = BlockStored
+	case "BlockRemoved":
+		ev.Kind = BlockRemoved
+	case "AllBlocksCleared":
+		ev.Kind = AllBlocksCleared
+	default:
+		return r.fail(fmt.Sprintf("unknown event type %q", tag))
+	}
+	return nil
+}
+
+func decodeEventField(r *mpReader, ev *Event, name string, loraID *string) error {
+	var err error
+	switch name {
+	case "block_hashes":
+		var n int
+		if n, err = r.readLen(false); err != nil {
+			return err
+		}
+		for range n {
+			h, err := readHash(r)
+			if err != nil {
+				return err
+			}
+			ev.Hashes = append(ev.Hashes, h)
+		}
+	case "parent_block_hash":
+		if r.readNil() {
+			return nil
+		}
+		ev.Parent, err = readHash(r)
+		ev.HasParent = true
+	case "token_ids":
+		var n int
+		if n, err = r.readLen(false); err != nil {
+			return err
+		}
+		for range n {
+			v, err := r.readSmallInt(0, 1<<32-1, "token id")
+			if err != nil {
+				return err
+			}
+			ev.Tokens = append(ev.Tokens, uint32(v))
+		}
+	case "block_size":
+		var v int64
+		v, err = r.readSmallInt(1, 1<<20, "block_size")
+		ev.BlockSize = int(v)
+	case "lora_id":
+		if r.readNil() {
+			return nil
+		}
+		var v int64
+		v, err = r.readSmallInt(-1<<62, 1<<62, "lora_id")
+		*loraID = strconv.FormatInt(v, 10)
+	case "medium", "lora_name", "kv_cache_spec_kind":
+		if r.readNil() {
+			return nil
+		}
+		var s []byte
+		if s, err = r.readStr(); err != nil {
+			return err
+		}
+		switch name {
+		case "medium":
+			ev.Medium = internMedium(s)
+		case "lora_name":
+			ev.LoraName = string(s)
+		default:
+			ev.SpecKind = internMedium(s)
+		}
+	case "group_idx":
+		if r.readNil() {
+			return nil
+		}
+		var v int64
+		v, err = r.readSmallInt(0, 1<<20, "group_idx")
+		ev.Group = int(v)
+	case "extra_keys":
+		err = decodeExtraKeys(r, ev)
+	default:
+		err = r.skip()
+	}
+	return err
+}
+
+// internMedium avoids an allocation for the usual values.
+func internMedium(s []byte) string {
+	switch string(s) {
+	case "GPU":
+		return "GPU"
+	case "CPU":
+		return "CPU"
+	case "full_attention":
+		return "full_attention"
+	}
+	return string(s)
+}
+
+// readHash reads an engine block hash: an int (its low 64 bits) or a digest (its last 8 bytes,
+// big-endian, which is what vLLM's int form keeps).
+func readHash(r *mpReader) (uint64, error) {
+	switch r.kind() {
+	case mpInt:
+		v, _, err := r.readInt()
+		return v, err
+	case mpBin, mpStr:
+		b, err := r.readStr()
+		if err != nil {
+			return 0, err
+		}
+		if len(b) > 8 {
+			b = b[len(b)-8:]
+		}
+		var v uint64
+		for _, c := range b {
+			v = v<<8 | uint64(c)
+		}
+		return v, nil
+	}
+	return 0, r.fail("block hash is neither an int nor bytes")
+}
+
+// decodeExtraKeys reads extra_keys: one entry per block, nil or a tuple whose items are, in
+// vLLM's order, the LoRA name, media identifiers (strings, or [identifier, offset] pairs in newer
+// versions), the cache salt (first block of a request only) and prompt-embedding digests
+// (bytes). Plain strings are kept aside until the whole event is read (lora_name may follow).
+func decodeExtraKeys(r *mpReader, ev *Event) error {
+	if r.readNil() {
+		return nil
+	}
+	n, err := r.readLen(false)
+	if err != nil {
+		return err
+	}
+	for range n {
+		ev.Extra = append(ev.Extra, BlockExtra{})
+		x := &ev.Extra[len(ev.Extra)-1]
+		if r.readNil() {
+			continue
+		}
+		m, err := r.readLen(false)
+		if err != nil {
+			return err
+		}
+		for range m {
+			switch r.kind() {
+			case mpStr:
+				s, _ := r.readStr()
+				x.strs = append(x.strs, string(s))
+			case mpBin:
+				// A prompt-embedding digest: no request can name it, so it only has to keep the
+				// block from matching anything else.
+				b, _ := r.readStr()
+				x.Media = append(x.Media, xxh3.Hash(b))
+			case mpArray:
+				k, err := r.readLen(false)
+				if err != nil {
+					return err
+				}
+				if k >= 1 && r.kind() == mpStr {
+					s, _ := r.readStr()
+					x.Media = append(x.Media, MediaHash(string(s)))
+					k--
+				}
+				for range k {
+					if err := r.skip(); err != nil {
+						return err
+					}
+				}
+			default:
+				if err := r.skip(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// resolveExtras sorts the plain strings of each block's extra keys into the LoRA name (dropped:
+// it is mixed into the seed), the salt (the last plain string of a sequence's first block that is
+// not a 64-hex-digit media digest) and media identifiers (the rest).
+func (ev *Event) resolveExtras() error {
+	for bi := range ev.Extra {
+		x := &ev.Extra[bi]
+		strs := x.strs
+		x.strs = nil
+		if ev.LoraName != "" && len(strs) > 0 && strs[0] == ev.LoraName {
+			strs = strs[1:]
+		}
+		if bi == 0 && !ev.HasParent && len(strs) > 0 && !isHexDigest(strs[len(strs)-1]) {
+			x.Salt = strs[len(strs)-1]
+			strs = strs[:len(strs)-1]
+		}
+		for _, s := range strs {
+			x.Media = append(x.Media, MediaHash(s))
+		}
+	}
+	return nil
+}
+
+func isHexDigest(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+// MediaHash maps a media identifier to the 64-bit hash appended to block hashes, as Dynamo's
+// hash_mm_identifier does: vLLM's 64-hex-digit digests keep their first 16 hex digits; other
+// identifiers (user uuids) are hashed with XXH3.
+func MediaHash(id string) uint64 {
+	if isHexDigest(id) {
+		v, _ := strconv.ParseUint(id[:16], 16, 64)
+		return v
+	}
+	return xxh3.HashString(id)
+}

@@ -1,0 +1,233 @@
+package router
+
+import (
+	"encoding/hex"
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+type wantEvent struct {
+	Type      string   `json:"type"`
+	Hashes    []string `json:"hashes"`
+	Parent    *string  `json:"parent"`
+	Tokens    []uint32 `json:"tokens"`
+	BlockSize int      `json:"block_size"`
+	Medium    string   `json:"medium"`
+	LoraName  string   `json:"lora_name"`
+	Group     *int     `json:"group"`
+	Kind      string   `json:"kind"`
+}
+
+type batchCase struct {
+	Name    string `json:"name"`
+	Payload string `json:"payload"`
+	Want    struct {
+		TS     float64     `json:"ts"`
+		DPRank *int        `json:"dp_rank"`
+		Events []wantEvent `json:"events"`
+	} `json:"want"`
+}
+
+func batchCases(t testing.TB) []batchCase {
+	var cases []batchCase
+	readJSON(t, "vllm_batches.json", &cases)
+	return cases
+}
+
+// Payloads written by python3-msgpack in both of msgspec's layouts decode to what was encoded.
+func TestDecodeBatchReferencePayloads(t *testing.T) {
+	var b Batch // reused across cases on purpose
+	for _, c := range batchCases(t) {
+		payload, err := hex.DecodeString(c.Payload)
+		require.NoError(t, err)
+		require.NoError(t, DecodeBatch(payload, &b), c.Name)
+		require.Equal(t, c.Want.TS, b.TS, c.Name)
+		wantRank := -1
+		if c.Want.DPRank != nil {
+			wantRank = *c.Want.DPRank
+		}
+		require.Equal(t, wantRank, b.DPRank, c.Name)
+		require.Len(t, b.Events, len(c.Want.Events), c.Name)
+		for i, w := range c.Want.Events {
+			ev := b.Events[i]
+			require.Equal(t, w.Type, ev.Kind.String(), "%s event %d", c.Name, i)
+			if ev.Kind == AllBlocksCleared {
+				continue
+			}
+			require.Len(t, ev.Hashes, len(w.Hashes))
+			for j := range w.Hashes {
+				require.Equal(t, u64(t, w.Hashes[j]), ev.Hashes[j], "%s event %d hash %d", c.Name, i, j)
+			}
+			require.Equal(t, w.Medium, ev.Medium)
+			wantGroup := -1
+			if w.Group != nil {
+				wantGroup = *w.Group
+			}
+			require.Equal(t, wantGroup, ev.Group)
+			if ev.Kind == BlockStored {
+				require.Equal(t, w.Parent != nil, ev.HasParent)
+				if w.Parent != nil {
+					require.Equal(t, u64(t, *w.Parent), ev.Parent)
+				}
+				require.Equal(t, w.Tokens, ev.Tokens)
+				require.Equal(t, w.BlockSize, ev.BlockSize)
+				require.Equal(t, w.LoraName, ev.LoraName)
+				require.Equal(t, w.Kind, ev.SpecKind)
+			}
+		}
+	}
+}
+
+func TestDecodeExtraKeys(t *testing.T) {
+	// [ts, [["BlockStored", hashes, parent, tokens, bs, lora_id, medium, lora_name, extra_keys]]]
+	hexDigest := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	e := msgpackEncoder{}
+	e.array(2).float(1).array(1)
+	e.array(9).str("BlockStored").array(2).uint(1).uint(2).nil().array(0).uint(16).nil().str("GPU").str("my-lora")
+	e.array(2)
+	// block 0: lora name, a [uuid, offset] pair, a 64-hex digest, the salt
+	e.array(4).str("my-lora").array(2).str("img-uuid").uint(3).str(hexDigest).str("tenant")
+	// block 1: a prompt-embedding digest (bin)
+	e.array(1).bin([]byte{1, 2, 3})
+	var b Batch
+	require.NoError(t, DecodeBatch(e.b, &b))
+	ev := b.Events[0]
+	require.Equal(t, "my-lora", ev.LoraName)
+	require.Len(t, ev.Extra, 2)
+	require.Equal(t, "tenant", ev.Extra[0].Salt)
+	require.Equal(t, []uint64{MediaHash("img-uuid"), 0x0123456789abcdef}, ev.Extra[0].Media)
+	require.Equal(t, "", ev.Extra[1].Salt)
+	require.Len(t, ev.Extra[1].Media, 1)
+}
+
+func TestDecodeBatchErrors(t *testing.T) {
+	f := func(name string, payload []byte) {
+		t.Helper()
+		var b Batch
+		err := DecodeBatch(payload, &b)
+		var de *DecodeError
+		require.True(t, errors.As(err, &de), "%s: %v", name, err)
+		require.NotEmpty(t, de.Error())
+	}
+	f("empty", nil)
+	f("not a batch", []byte{0x01})
+	f("short array", (&msgpackEncoder{}).array(1).float(1).b)
+	f("huge array length", []byte{0xdd, 0xff, 0xff, 0xff, 0xff})
+	f("unknown event", (&msgpackEncoder{}).array(2).float(1).array(1).array(1).str("BlockMoved").b)
+	f("map event without type", (&msgpackEncoder{}).array(2).float(1).array(1).map_(1).str("medium").str("GPU").b)
+	f("negative token", (&msgpackEncoder{}).array(2).float(1).array(1).array(4).str("BlockStored").array(0).nil().array(1).int(-1).b)
+	f("truncated", (&msgpackEncoder{}).array(2).float(1).array(1).array(2).str("BlockRemoved").array(2).uint(1).b)
+	f("trailing bytes", append((&msgpackEncoder{}).array(2).float(1).array(0).b, 0xc0))
+	f("ts not a number", (&msgpackEncoder{}).array(2).str("x").array(0).b)
+}
+
+// msgpackEncoder writes msgpack for tests; it is checked against python3-msgpack's bytes below.
+type msgpackEncoder struct{ b []byte }
+
+func (e *msgpackEncoder) hdr(small, base byte, n int, w16, w32 byte) *msgpackEncoder {
+	switch {
+	case n < int(small):
+		e.b = append(e.b, base|byte(n))
+	case n < 1<<16:
+		e.b = append(e.b, w16, byte(n>>8), byte(n))
+	default:
+		e.b = append(e.b, w32, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+	return e
+}
+func (e *msgpackEncoder) array(n int) *msgpackEncoder { return e.hdr(16, 0x90, n, 0xdc, 0xdd) }
+func (e *msgpackEncoder) map_(n int) *msgpackEncoder  { return e.hdr(16, 0x80, n, 0xde, 0xdf) }
+func (e *msgpackEncoder) nil() *msgpackEncoder        { e.b = append(e.b, 0xc0); return e }
+func (e *msgpackEncoder) str(s string) *msgpackEncoder {
+	if len(s) < 32 {
+		e.b = append(e.b, 0xa0|byte(len(s)))
+	} else {
+		e.b = append(e.b, 0xd9, byte(len(s)))
+	}
+	e.b = append(e.b, s...)
+	return e
+}
+func (e *msgpackEncoder) bin(p []byte) *msgpackEncoder {
+	e.b = append(e.b, 0xc4, byte(len(p)))
+	e.b = append(e.b, p...)
+	return e
+}
+func (e *msgpackEncoder) uint(v uint64) *msgpackEncoder {
+	switch {
+	case v < 128:
+		e.b = append(e.b, byte(v))
+	case v < 1<<16:
+		e.b = append(e.b, 0xcd, byte(v>>8), byte(v))
+	case v < 1<<32:
+		e.b = append(e.b, 0xce, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+	default:
+		e.b = append(e.b, 0xcf)
+		for s := 56; s >= 0; s -= 8 {
+			e.b = append(e.b, byte(v>>uint(s)))
+		}
+	}
+	return e
+}
+func (e *msgpackEncoder) int(v int64) *msgpackEncoder {
+	if v >= 0 {
+		return e.uint(uint64(v))
+	}
+	e.b = append(e.b, 0xd3)
+	for s := 56; s >= 0; s -= 8 {
+		e.b = append(e.b, byte(uint64(v)>>uint(s)))
+	}
+	return e
+}
+func (e *msgpackEncoder) float(f float64) *msgpackEncoder {
+	e.b = append(e.b, 0xcb)
+	bits := math.Float64bits(f)
+	for s := 56; s >= 0; s -= 8 {
+		e.b = append(e.b, byte(bits>>uint(s)))
+	}
+	return e
+}
+
+// The test encoder writes the same bytes as python3-msgpack for the reference map payload's
+// structure, so test payloads built with it are real msgpack.
+func TestTestEncoderMatchesReference(t *testing.T) {
+	for _, c := range batchCases(t) {
+		if c.Name != "array-v0.9" {
+			continue
+		}
+		want, _ := hex.DecodeString(c.Payload)
+		var b Batch
+		require.NoError(t, DecodeBatch(want, &b))
+		e := &msgpackEncoder{}
+		e.array(2).float(b.TS).array(3)
+		ev := b.Events[0]
+		e.array(6).str("BlockStored").array(2).uint(ev.Hashes[0]).int(int64(ev.Hashes[1])).nil().array(len(ev.Tokens))
+		for _, tok := range ev.Tokens {
+			e.uint(uint64(tok))
+		}
+		e.uint(16).nil()
+		e.array(2).str("BlockRemoved").array(1).uint(b.Events[1].Hashes[0])
+		e.array(1).str("AllBlocksCleared")
+		require.Equal(t, want, e.b)
+	}
+}
+
+func FuzzDecodeBatch(f *testing.F) {
+	for _, c := range batchCases(f) {
+		p, _ := hex.DecodeString(c.Payload)
+		f.Add(p)
+	}
+	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90})
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		var b Batch
+		err := DecodeBatch(payload, &b)
+		if err != nil {
+			var de *DecodeError
+			if !errors.As(err, &de) || de.Offset < 0 || de.Offset > len(payload) {
+				t.Fatalf("error %v is not a DecodeError inside the payload", err)
+			}
+		}
+	})
+}
