@@ -12,11 +12,12 @@ import (
 	"dataplane/native"
 )
 
-// MediaSpan is a media item's place in the prompt: token rows [Start, End) and its content
-// hash (the same hash the router mixes into the blocks it overlaps).
+// MediaSpan is a media item's place in the prompt: token rows [Start, End) and its
+// identifier (the content key in hex, or the client's uuid), which engines list in their KV
+// events' extra_keys and the router hashes with router.MediaHash into the blocks it overlaps.
 type MediaSpan struct {
 	Start, End int
-	Hash       uint64
+	ID         string
 }
 
 // Request is one generation.
