@@ -29,6 +29,7 @@ type Options struct {
 	WriteTimeout    time.Duration // whole response
 	IdleTimeout     time.Duration // keep-alive connections with no request
 	MaxConns        int           // concurrent connections; more are refused
+	Pprof           bool          // serve /debug/pprof/
 }
 
 // DefaultOptions are the embedded defaults `make run` uses.
@@ -52,6 +53,8 @@ type Server struct {
 	http     *fasthttp.Server
 	metrics  *httpMetrics
 	promHTTP fasthttp.RequestHandler
+	svc      *Service // the API's request path (Attach); nil: /healthz and /metrics only
+	started  time.Time
 }
 
 type httpMetrics struct {
@@ -93,6 +96,7 @@ func NewServer(opts Options, log *slog.Logger) *Server {
 		registry: reg,
 		metrics:  m,
 		promHTTP: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
+		started:  time.Now(),
 	}
 	s.http = &fasthttp.Server{
 		Handler:            s.handle,
@@ -136,7 +140,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	route := "other" // unknown paths share one label value, so the label set stays bounded
-	switch string(ctx.Path()) {
+	switch path := string(ctx.Path()); path {
 	case "/healthz":
 		route = "/healthz"
 		ctx.SetContentType("text/plain; charset=utf-8")
@@ -145,7 +149,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		route = "/metrics"
 		s.promHTTP(ctx)
 	default:
-		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(string(ctx.Path())))
+		if r, ok := s.apiRoute(ctx, path); ok {
+			route = r
+			break
+		}
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(path))
 	}
 	s.metrics.requests.WithLabelValues(route, strconv.Itoa(ctx.Response.StatusCode())).Inc()
 	s.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())

@@ -47,7 +47,9 @@ func TestHTTP(t *testing.T) {
 			w.(http.Flusher).Flush()
 		}
 	})
-	mux.HandleFunc("/to-file", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "file:///etc/passwd", http.StatusFound) })
+	mux.HandleFunc("/to-file", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "file:///etc/passwd", http.StatusFound)
+	})
 	mux.HandleFunc("/loop", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/loop", http.StatusFound) })
 	srv := httptest.NewServer(mux) // 127.0.0.1
 	defer srv.Close()

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 )
 
 // Limits bound what one request may contain; a request beyond them is a 400 naming the limit.
@@ -130,6 +131,8 @@ type Error struct {
 	Type    string // invalid_request_error, not_found_error, ...
 	Message string
 	Param   string // the offending field, when there is one
+	// RetryAfter, when set, goes to the Retry-After header (429, 503).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {

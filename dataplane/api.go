@@ -1,0 +1,374 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
+
+	"dataplane/dataplane/openai"
+	"dataplane/dataplane/tokenizer"
+	"dataplane/dataplane/worker"
+)
+
+// Attach puts a service behind the server's OpenAI-compatible API and registers its metrics.
+func (s *Server) Attach(svc *Service) {
+	s.svc = svc
+	s.registry.MustRegister(svc.Collectors()...)
+}
+
+// apiRoute answers the API's paths; false when path is not one of them.
+func (s *Server) apiRoute(ctx *fasthttp.RequestCtx, path string) (string, bool) {
+	switch {
+	case path == "/readyz":
+		s.readyz(ctx)
+	case path == "/v1/models":
+		s.models(ctx)
+	case path == "/v1/chat/completions":
+		s.post(ctx, s.chat)
+	case path == "/v1/completions":
+		s.post(ctx, s.completions)
+	case path == "/v1/pretokenized":
+		s.post(ctx, s.pretokenized)
+	case path == "/debug/route":
+		s.debugRoute(ctx)
+	case strings.HasPrefix(path, "/debug/pprof") && s.opts.Pprof:
+		pprofhandler.PprofHandler(ctx)
+		return "/debug/pprof", true
+	default:
+		return "", false
+	}
+	return path, true
+}
+
+func (s *Server) post(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx)) {
+	if !ctx.IsPost() {
+		ctx.Response.Header.Set("Allow", "POST")
+		writeAPIError(ctx, &openai.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: "use POST"})
+		return
+	}
+	if s.svc == nil {
+		writeAPIError(ctx, &openai.Error{Status: http.StatusServiceUnavailable, Type: "overloaded_error", Message: "no models loaded"})
+		return
+	}
+	h(ctx)
+}
+
+func writeAPIError(ctx *fasthttp.RequestCtx, e *openai.Error) {
+	if e.RetryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+	}
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(e.Body())
+}
+
+// asAPIError makes any error an API error (500 unless it says otherwise).
+func asAPIError(err error) *openai.Error {
+	if e, ok := err.(*openai.Error); ok {
+		return e
+	}
+	return &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeAPIError(ctx, asAPIError(err))
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/plain; charset=utf-8")
+	if s.svc == nil {
+		ctx.SetStatusCode(http.StatusServiceUnavailable)
+		ctx.SetBodyString("not ready: no models loaded\n")
+		return
+	}
+	if err := s.svc.Ready(); err != nil {
+		ctx.SetStatusCode(http.StatusServiceUnavailable)
+		ctx.SetBodyString("not ready: " + err.Error() + "\n")
+		return
+	}
+	ctx.SetBodyString("ready\n")
+}
+
+func (s *Server) models(ctx *fasthttp.RequestCtx) {
+	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
+	if s.svc != nil {
+		list.Data = append(list.Data, openai.Model{ID: s.svc.models.Name, Object: "model", Created: s.started.Unix(), OwnedBy: "dataplane"})
+	}
+	writeJSON(ctx, list)
+}
+
+func (s *Server) debugRoute(ctx *fasthttp.RequestCtx) {
+	if s.svc == nil {
+		writeAPIError(ctx, &openai.Error{Status: http.StatusNotFound, Type: "not_found_error", Message: "no router"})
+		return
+	}
+	id := string(ctx.QueryArgs().Peek("request_id"))
+	d, ok := s.svc.routes.get(id)
+	if !ok {
+		writeAPIError(ctx, &openai.Error{Status: http.StatusNotFound, Type: "not_found_error", Param: "request_id",
+			Message: fmt.Sprintf("no routing decision for %q among the last %d", id, len(s.svc.routes.ring))})
+		return
+	}
+	writeJSON(ctx, d)
+}
+
+// checkModel refuses a model this server does not serve ("" is the one it serves).
+func (s *Server) checkModel(model string) *openai.Error {
+	if model == "" || model == s.svc.models.Name {
+		return nil
+	}
+	return &openai.Error{Status: http.StatusNotFound, Type: "not_found_error", Param: "model",
+		Message: fmt.Sprintf("model %q is not served here (GET /v1/models lists %q)", model, s.svc.models.Name)}
+}
+
+func (s *Server) chat(ctx *fasthttp.RequestCtx) {
+	req, err := openai.ParseChat(ctx.PostBody(), s.svc.opts.Limits)
+	if err != nil {
+		writeAPIError(ctx, asAPIError(err))
+		return
+	}
+	if e := s.checkModel(req.Model); e != nil {
+		writeAPIError(ctx, e)
+		return
+	}
+	ids, err := s.svc.tok.Chat(req.Messages)
+	if err != nil {
+		writeAPIError(ctx, asAPIError(err))
+		return
+	}
+	p := &prompt{endpoint: "chat", tokens: ids, style: PlaceholderSingle, media: req.Media, sampling: req.Sampling, ext: req.Ext}
+	s.generate(ctx, p, req.Stream, req.IncludeUsage, chatStream{})
+}
+
+func (s *Server) completions(ctx *fasthttp.RequestCtx) {
+	req, err := openai.ParseCompletion(ctx.PostBody(), s.svc.opts.Limits)
+	if err != nil {
+		writeAPIError(ctx, asAPIError(err))
+		return
+	}
+	if e := s.checkModel(req.Model); e != nil {
+		writeAPIError(ctx, e)
+		return
+	}
+	ids := req.PromptIDs
+	if ids == nil {
+		if ids, err = s.svc.tok.AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: true}); err != nil {
+			writeAPIError(ctx, &openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "prompt", Message: err.Error()})
+			return
+		}
+	}
+	for i, id := range ids {
+		if int(id) >= s.svc.models.Table.Rows {
+			writeAPIError(ctx, openai.BadRequest(fmt.Sprintf("prompt[%d]", i), "token id %d outside the model's %d", id, s.svc.models.Table.Rows))
+			return
+		}
+	}
+	p := &prompt{endpoint: "completions", tokens: ids, style: PlaceholderSingle, sampling: req.Sampling, ext: req.Ext}
+	s.generate(ctx, p, req.Stream, false, completionStream{})
+}
+
+func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
+	req, err := openai.ParsePretokenized(ctx.PostBody(), s.svc.opts.Limits)
+	if err != nil {
+		writeAPIError(ctx, asAPIError(err))
+		return
+	}
+	if e := s.checkModel(req.Model); e != nil {
+		writeAPIError(ctx, e)
+		return
+	}
+	for i, id := range req.TokenIDs {
+		if int(id) >= s.svc.models.Table.Rows {
+			writeAPIError(ctx, openai.BadRequest(fmt.Sprintf("token_ids[%d]", i), "token id %d outside the model's %d", id, s.svc.models.Table.Rows))
+			return
+		}
+	}
+	style := PlaceholderSingle
+	if req.Style == "expanded" {
+		style = PlaceholderExpanded
+	}
+	p := &prompt{endpoint: "pretokenized", tokens: req.TokenIDs, style: style, media: req.Media, sampling: req.Sampling, ext: req.Ext}
+	s.generate(ctx, p, req.Stream, false, completionStream{})
+}
+
+// streamFormat writes a generation as one endpoint's responses.
+type streamFormat interface {
+	chunk(g *Generation, text string, finish *string, usage *openai.Usage) any
+	whole(g *Generation, text, finish string, usage openai.Usage) any
+}
+
+type chatStream struct{}
+
+func (chatStream) chunk(g *Generation, text string, finish *string, usage *openai.Usage) any {
+	c := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: openai.Now(), Model: g.Model, Usage: usage,
+		Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Content: text}, FinishReason: finish}}}
+	if usage != nil {
+		c.Choices = []openai.ChatChunkChoice{}
+	}
+	return c
+}
+
+func (chatStream) whole(g *Generation, text, finish string, usage openai.Usage) any {
+	return openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
+		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, FinishReason: finish}}}
+}
+
+type completionStream struct{}
+
+func (completionStream) chunk(g *Generation, text string, finish *string, usage *openai.Usage) any {
+	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: usage,
+		Choices: []openai.CompletionChoice{{Text: text, FinishReason: finish}}}
+	if usage != nil {
+		c.Choices = []openai.CompletionChoice{}
+	}
+	return c
+}
+
+func (completionStream) whole(g *Generation, text, finish string, usage openai.Usage) any {
+	f := finish
+	return openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
+		Choices: []openai.CompletionChoice{{Text: text, FinishReason: &f}}}
+}
+
+// generate runs a prompt and answers with the whole completion or a stream of chunks. The
+// request's context ends when the client goes away (watched on the connection) or the answer
+// is written.
+func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUsage bool, f streamFormat) {
+	reqCtx, cancel := context.WithCancel(context.Background())
+	stopWatch := watchDisconnect(ctx.Conn(), cancel)
+	g, err := s.svc.run(reqCtx, p)
+	if err != nil {
+		stopWatch()
+		cancel()
+		writeAPIError(ctx, asAPIError(err))
+		return
+	}
+	if !stream {
+		defer cancel()
+		defer stopWatch()
+		var text strings.Builder
+		var done worker.Event
+		for ev := range g.Events {
+			text.WriteString(ev.Text)
+			if ev.Done {
+				done = ev
+			}
+		}
+		if !done.Done || done.Err != nil {
+			writeAPIError(ctx, generationError(reqCtx, done))
+			return
+		}
+		writeJSON(ctx, f.whole(g, text.String(), done.FinishReason, usage(g, done, text.Len())))
+		return
+	}
+	stopWatch() // the stream's writes notice a client that left
+	ctx.SetContentType("text/event-stream")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer cancel()
+		sse := openai.NewSSE(w)
+		if _, ok := f.(chatStream); ok {
+			first := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: openai.Now(), Model: g.Model,
+				Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Role: "assistant"}}}}
+			if sse.Event(first) != nil {
+				return
+			}
+		}
+		completion := 0
+		for ev := range g.Events {
+			if ev.Done {
+				if ev.Err != nil {
+					sse.Error(generationError(reqCtx, ev)) //nolint:errcheck
+					return
+				}
+				finish := ev.FinishReason
+				if sse.Event(f.chunk(g, "", &finish, nil)) != nil {
+					return
+				}
+				if includeUsage {
+					u := usage(g, ev, completion)
+					if sse.Event(f.chunk(g, "", nil, &u)) != nil {
+						return
+					}
+				}
+				sse.Done() //nolint:errcheck
+				return
+			}
+			completion += ev.Tokens
+			if sse.Event(f.chunk(g, ev.Text, nil, nil)) != nil {
+				return // the client left: cancel releases everything
+			}
+		}
+	})
+}
+
+func usage(g *Generation, done worker.Event, completion int) openai.Usage {
+	return openai.Usage{PromptTokens: g.PromptTokens, CompletionTokens: completion, TotalTokens: g.PromptTokens + completion}
+}
+
+func generationError(ctx context.Context, ev worker.Event) *openai.Error {
+	if ctx.Err() != nil {
+		return &openai.Error{Status: 499, Type: "cancelled", Message: "the client went away"}
+	}
+	msg := "the LLM worker ended without a result"
+	if ev.Err != nil {
+		msg = "the LLM worker failed: " + ev.Err.Error()
+	}
+	return &openai.Error{Status: http.StatusBadGateway, Type: "upstream_error", Message: msg}
+}
+
+// watchDisconnect cancels when the client closes its connection while the request is worked
+// on (fasthttp gives handlers no such signal): it peeks at the socket every 50 ms, which
+// consumes nothing a pipelined next request sends. The returned function stops it.
+func watchDisconnect(conn net.Conn, cancel func()) func() {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return func() {}
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return func() {}
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			closed := false
+			raw.Read(func(fd uintptr) bool { //nolint:errcheck
+				var b [1]byte
+				n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+				closed = n == 0 && err == nil // an orderly shutdown: end of stream
+				return true
+			})
+			if closed {
+				cancel()
+				return
+			}
+		}
+	}()
+	return func() { close(stop); <-done }
+}

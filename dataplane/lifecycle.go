@@ -1,0 +1,561 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"dataplane/dataplane/encoderpool"
+	"dataplane/dataplane/openai"
+	"dataplane/dataplane/worker"
+	"dataplane/features"
+	"dataplane/native"
+	"dataplane/router"
+)
+
+// A request's life: parse → prepare its media (preprocess, token counts, cache keys) → admit
+// them to the feature store (reuse hits skip encoding; misses reserve memory and go to the
+// encoder pool at once) → place them in the prompt → route (while encoding runs) → wait for
+// the last item → merge into feature-store memory → hand to the chosen worker → stream its
+// tokens; then release per the cache policy. Submit returns as soon as the worker starts; a
+// text-only request never waits behind media. Any failure, or the client leaving, releases
+// everything the request holds.
+
+// prompt is a parsed request in the form every endpoint reduces to.
+type prompt struct {
+	endpoint string           // for metrics: chat, completions, pretokenized
+	tokens   []int32          // prompt token ids with the media placeholders
+	style    PlaceholderStyle // how those placeholders are written
+	media    []*openai.Media  // in placeholder order
+	sampling openai.Sampling
+	ext      openai.Extensions
+}
+
+// Generation is a request handed to an LLM worker: its events and how it was routed.
+type Generation struct {
+	ID           string
+	Model        string
+	Worker       string
+	PromptTokens int
+	Events       <-chan worker.Event // closed after the Done event
+}
+
+// errorf is an API error with a status.
+func errorf(status int, typ, param, format string, args ...any) *openai.Error {
+	return &openai.Error{Status: status, Type: typ, Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// budgetError turns a feature-store refusal into 429/503/413 with Retry-After.
+func budgetError(err error, what string) *openai.Error {
+	var be *features.BudgetError
+	if errors.As(err, &be) {
+		return &openai.Error{Status: be.HTTPStatus(), Type: "overloaded_error", Param: what, Message: be.Error(), RetryAfter: be.RetryAfter}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return errorf(http.StatusServiceUnavailable, "overloaded_error", what, "%v", err)
+	}
+	return errorf(http.StatusInternalServerError, "server_error", what, "%v", err)
+}
+
+// run takes a prompt through the whole path and returns once the worker has started.
+func (s *Service) run(ctx context.Context, p *prompt) (*Generation, error) {
+	if !s.begin() {
+		return nil, errorf(http.StatusServiceUnavailable, "overloaded_error", "", "the server is shutting down")
+	}
+	start := time.Now()
+	r := &request{s: s, id: fmt.Sprintf("dp-%d-%x", start.Unix(), s.nextID.Add(1)), p: p, start: start}
+	g, err := r.run(ctx)
+	if err != nil {
+		r.release(err)
+		return nil, err
+	}
+	return g, nil
+}
+
+// request is one request's state through run.
+type request struct {
+	s     *Service
+	id    string
+	p     *prompt
+	start time.Time
+	items []*item
+	fr    *features.Request
+	pm    *PositionMap
+	once  sync.Once
+	// routed is set once the router counts this request against a worker.
+	routed atomic.Bool
+}
+
+func (r *request) run(ctx context.Context) (*Generation, error) {
+	s := r.s
+	if r.p.sampling.MaxTokens == 0 {
+		r.p.sampling.MaxTokens = s.opts.DefaultMaxTokens
+	}
+	policyName := r.p.ext.CachePolicy
+	if policyName == "" {
+		policyName = s.opts.CachePolicy
+	}
+	policy, err := features.ParsePolicy(policyName)
+	if err != nil {
+		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "cache_policy", "%v", err)
+	}
+	if err := r.prepareAll(ctx); err != nil {
+		return nil, err
+	}
+	if len(r.items) > 0 {
+		if r.fr, err = s.store.Begin(r.id, policy); err != nil {
+			return nil, budgetError(err, "")
+		}
+		if err := r.admit(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.place(); err != nil {
+		return nil, err
+	}
+	decision, err := r.route()
+	if err != nil {
+		return nil, err
+	}
+	var embeds native.Matrix
+	if len(r.items) > 0 {
+		if err := r.await(ctx); err != nil {
+			return nil, err
+		}
+		if embeds, err = r.merge(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return r.generate(ctx, decision, embeds)
+}
+
+// prepareAll preprocesses every media item, several at once (bounded by the CPUs). With
+// text_fallback, items that cannot be prepared are dropped from the prompt instead.
+func (r *request) prepareAll(ctx context.Context) error {
+	s := r.s
+	items := make([]*item, len(r.p.media))
+	errs := make([]error, len(r.p.media))
+	var wg sync.WaitGroup
+	for i, m := range r.p.media {
+		wg.Add(1)
+		go func() { // bounded: at most MaxMediaItems per request, GOMAXPROCS at work
+			defer wg.Done()
+			select {
+			case s.prepSem <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-s.prepSem }()
+			items[i], errs[i] = s.prepare(ctx, m, r.p.ext.CacheSalt)
+		}()
+	}
+	wg.Wait()
+	var dropped []int
+	for i, err := range errs {
+		if err == nil {
+			continue
+		}
+		if !r.p.ext.TextFallback || errors.Is(err, context.Canceled) {
+			return err
+		}
+		s.log.Info("dropping a media item (text_fallback)", "request", r.id, "item", r.p.media[i].Path, "err", err)
+		dropped = append(dropped, i)
+	}
+	r.items = items
+	return r.drop(dropped)
+}
+
+// drop removes items (indexes into r.items, ascending) and their placeholders from the prompt.
+func (r *request) drop(idx []int) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	ph := r.s.tok.Placeholders()
+	gone := map[int]bool{}
+	for _, i := range idx {
+		gone[i] = true
+	}
+	var kept []*item
+	var keptMedia []*openai.Media
+	var tokens []int32
+	k := 0 // which item's placeholder comes next
+	for pos := 0; pos < len(r.p.tokens); {
+		mod := ph.modalityOf(r.p.tokens[pos])
+		if mod == 0 || k >= len(r.items) {
+			tokens = append(tokens, r.p.tokens[pos])
+			pos++
+			continue
+		}
+		width := 1
+		if r.p.style == PlaceholderExpanded && r.items[k] != nil {
+			width = r.items[k].tokens
+		} else if r.p.style == PlaceholderExpanded {
+			for pos+width < len(r.p.tokens) && r.p.tokens[pos+width] == r.p.tokens[pos] {
+				width++ // an item that never got a token count: drop its whole run
+			}
+		}
+		if !gone[k] {
+			tokens = append(tokens, r.p.tokens[pos:min(pos+width, len(r.p.tokens))]...)
+			kept = append(kept, r.items[k])
+			keptMedia = append(keptMedia, r.p.media[k])
+		}
+		pos += width
+		k++
+	}
+	r.p.tokens, r.items, r.p.media = tokens, kept, keptMedia
+	return nil
+}
+
+// admit asks the feature store for every item's features: a hit shares a record (maybe still
+// encoding for another request); a miss reserves memory and sends the inputs to the encoders.
+func (r *request) admit(ctx context.Context) error {
+	s := r.s
+	width, es := s.models.Hidden, int64(s.models.DType.Size())
+	priority := encoderpool.Interactive
+	if r.p.ext.Priority == "batch" {
+		priority = encoderpool.Batch
+	}
+	for _, it := range r.items {
+		rec, job, err := r.fr.Admit(ctx, features.Item{Key: it.key, MediaID: it.id, Modality: it.modality.String(),
+			Bytes: int64(it.tokens) * int64(width) * es})
+		if err != nil {
+			return budgetError(err, it.src.Path)
+		}
+		it.rec, it.job = rec, job
+		s.metrics.item(it.modality, job == nil)
+		if job == nil {
+			continue
+		}
+		if it.inputs == nil { // named by uuid, evicted since: nothing to encode from
+			job.Fail(errors.New("evicted"))
+			return errorf(http.StatusBadRequest, "invalid_request_error", it.src.Path,
+				"uuid %q: its features are no longer cached; send the media with it", it.src.UUID)
+		}
+		if err := r.encode(it, job, priority); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// encode sends an item's inputs to the pool, each writing its rows of the job's buffer; the
+// last to finish completes or fails the job.
+func (r *request) encode(it *item, job *features.Job, pri encoderpool.Priority) error {
+	s := r.s
+	buf := job.Buffer()
+	es := s.models.DType.Size()
+	rowBytes := s.models.Hidden * es
+	left := atomic.Int32{}
+	left.Store(int32(len(it.inputs)))
+	var firstErr atomic.Pointer[error]
+	start := time.Now()
+	done := func(err error) {
+		if err != nil {
+			firstErr.CompareAndSwap(nil, &err)
+		}
+		if left.Add(-1) > 0 {
+			return
+		}
+		s.metrics.encoded(it.modality, time.Since(start))
+		if e := firstErr.Load(); e != nil {
+			job.Fail(*e) //nolint:errcheck // the record reports it to its holders
+			return
+		}
+		job.Complete(int64(it.tokens * rowBytes)) //nolint:errcheck // an abandoned job frees itself
+	}
+	row := 0
+	for i, in := range it.inputs {
+		out, err := buf.Matrix(s.models.DType, it.tokens, s.models.Hidden)
+		if err == nil {
+			out.Data, out.Rows = out.Data[row*rowBytes:(row+it.rows[i])*rowBytes], it.rows[i]
+		}
+		if err == nil {
+			err = s.pool.Submit(&encoderpool.Job{Model: it.model, Modality: it.modality.String(), Input: in, Out: out,
+				Tokens: it.rows[i], Priority: pri, Ctx: job.Context(), Done: done})
+		}
+		if err != nil {
+			// The inputs not submitted count as failed so the job still ends exactly once.
+			for range len(it.inputs) - i {
+				done(err)
+			}
+			if errors.Is(err, encoderpool.ErrQueueFull) {
+				return &openai.Error{Status: http.StatusTooManyRequests, Type: "overloaded_error", Param: it.src.Path,
+					Message: "the encoders' queue is full", RetryAfter: time.Second}
+			}
+			return errorf(http.StatusServiceUnavailable, "overloaded_error", it.src.Path, "%v", err)
+		}
+		row += it.rows[i]
+	}
+	return nil
+}
+
+// place builds the position map: where every item's rows go in the merged sequence.
+func (r *request) place() error {
+	mi := make([]MediaItem, len(r.items))
+	for i, it := range r.items {
+		mi[i] = MediaItem{ID: it.id, Modality: it.modality, Tokens: it.tokens}
+	}
+	pm, err := BuildPositionMap(r.p.tokens, r.s.tok.Placeholders(), r.p.style, mi)
+	if err != nil {
+		param := "messages"
+		var pe *PositionError
+		if errors.As(err, &pe) && pe.Item >= 0 && pe.Item < len(r.items) {
+			param = r.items[pe.Item].src.Path
+		}
+		return errorf(http.StatusBadRequest, "invalid_request_error", param, "%v", err)
+	}
+	if pm.Len > r.s.opts.MaxPromptTokens {
+		return errorf(http.StatusBadRequest, "invalid_request_error", "messages",
+			"the prompt is %d tokens with its media, the model takes at most %d", pm.Len, r.s.opts.MaxPromptTokens)
+	}
+	if pm.Len == 0 {
+		return errorf(http.StatusBadRequest, "invalid_request_error", "messages", "the prompt is empty")
+	}
+	r.pm = pm
+	return nil
+}
+
+// expanded is the prompt as the engine's KV cache holds it: each item's placeholder repeated
+// over its rows (vLLM's expanded form), for the router and the worker.
+func (r *request) expanded() ([]int32, []worker.MediaSpan) {
+	ids := make([]int32, r.pm.Len)
+	spans := make([]worker.MediaSpan, len(r.pm.Spans))
+	ph := r.s.tok.Placeholders()
+	t, row := 0, 0
+	for i, sp := range r.pm.Spans {
+		for ; row < sp.Start; row++ {
+			ids[row] = r.pm.TextIDs[t]
+			t++
+		}
+		for ; row < sp.End; row++ {
+			ids[row] = ph.id(sp.Modality)
+		}
+		spans[i] = worker.MediaSpan{Start: sp.Start, End: sp.End, ID: sp.MediaID}
+	}
+	for ; row < r.pm.Len; row++ {
+		ids[row] = r.pm.TextIDs[t]
+		t++
+	}
+	return ids, spans
+}
+
+// route picks the worker: KV overlap and load from the router, plus when this request's
+// features will be ready and, for remote workers, what sending them costs.
+func (r *request) route() (router.Decision, error) {
+	s := r.s
+	ids, spans := r.expanded()
+	toks := make([]uint32, len(ids))
+	for i, id := range ids {
+		toks[i] = uint32(id)
+	}
+	rm := make([]router.Media, len(spans))
+	for i, sp := range spans {
+		rm[i] = router.Media{Hash: router.MediaHash(sp.ID), Offset: sp.Start, Length: sp.End - sp.Start}
+	}
+	eta := time.Duration(0)
+	for _, it := range r.items {
+		if it.job != nil {
+			eta = max(eta, s.pool.ETA(it.model, it.tokens))
+		}
+	}
+	mergedBytes := float64(r.pm.Len * s.models.Hidden * s.models.DType.Size())
+	// Cost terms are in prefill blocks; a block of prefill is about 0.25 ms (Dynamo's mocker
+	// model: 15 us a token at 16 tokens a block).
+	const secondsPerBlock = 16 * 15e-6
+	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.ext.CacheSalt,
+		Extra: func(w string) (float64, float64) {
+			transfer := 0.0
+			if len(r.items) > 0 && (strings.HasPrefix(w, "http://") || strings.HasPrefix(w, "https://")) {
+				transfer = mergedBytes / s.opts.TransferBytesPerSecond / secondsPerBlock
+			}
+			return eta.Seconds() / secondsPerBlock, transfer
+		}}
+	var d router.Decision
+	if err := s.router.Decide(req, &d); err != nil {
+		return d, errorf(http.StatusServiceUnavailable, "overloaded_error", "", "no LLM worker can take the request: %v", err)
+	}
+	s.routes.add(r.id, d)
+	return d, nil
+}
+
+// await waits for every item's features; with text_fallback, failed items leave the prompt.
+func (r *request) await(ctx context.Context) error {
+	timeout := time.NewTimer(r.s.opts.ItemTimeout)
+	defer timeout.Stop()
+	var failed []int
+	for i, it := range r.items {
+		select {
+		case <-it.rec.Ready():
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timeout.C:
+			return errorf(http.StatusGatewayTimeout, "timeout_error", it.src.Path, "media not encoded within %v", r.s.opts.ItemTimeout)
+		}
+		if err := it.rec.Err(); err != nil {
+			if !r.p.ext.TextFallback {
+				return errorf(http.StatusInternalServerError, "server_error", it.src.Path, "encoding %v failed: %v", it.modality, err)
+			}
+			r.s.log.Info("dropping a media item (text_fallback)", "request", r.id, "item", it.src.Path, "err", err)
+			failed = append(failed, i)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	if err := r.drop(failed); err != nil {
+		return err
+	}
+	return r.place()
+}
+
+// merge writes the merged sequence into feature-store memory.
+func (r *request) merge(ctx context.Context) (native.Matrix, error) {
+	s := r.s
+	if len(r.items) == 0 { // every item dropped: a text-only request after all
+		return native.Matrix{}, nil
+	}
+	dt, width := s.models.DType, s.models.Hidden
+	view, err := r.fr.AllocMerged(ctx, false, int64(r.pm.Len*width*dt.Size()))
+	if err != nil {
+		return native.Matrix{}, budgetError(err, "")
+	}
+	dst, err := view.Matrix(dt, r.pm.Len, width)
+	if err != nil {
+		return native.Matrix{}, errorf(http.StatusInternalServerError, "server_error", "", "%v", err)
+	}
+	feats := make([]native.Matrix, len(r.items))
+	for i, it := range r.items {
+		v, err := it.rec.Host()
+		if err == nil {
+			feats[i], err = v.Matrix(dt, it.tokens, width)
+		}
+		if err != nil {
+			return native.Matrix{}, errorf(http.StatusInternalServerError, "server_error", it.src.Path, "%v", err)
+		}
+	}
+	t0 := time.Now()
+	if err := MergeSequence(dst, r.pm, s.models.Table, feats, 0); err != nil {
+		return native.Matrix{}, errorf(http.StatusInternalServerError, "server_error", "", "merge: %v", err)
+	}
+	s.metrics.mergeSeconds.Observe(time.Since(t0).Seconds())
+	if err := r.fr.Merged(); err != nil {
+		return native.Matrix{}, errorf(http.StatusInternalServerError, "server_error", "", "%v", err)
+	}
+	return dst, nil
+}
+
+// generate starts the worker and returns the stream of its events, which releases the
+// request's memory at the first token (prefill has read the merged sequence) and at the end.
+func (r *request) generate(ctx context.Context, d router.Decision, embeds native.Matrix) (*Generation, error) {
+	s := r.s
+	w := s.worker(d.Worker)
+	if w == nil {
+		return nil, errorf(http.StatusServiceUnavailable, "overloaded_error", "", "worker %q is gone", d.Worker)
+	}
+	ids, spans := r.expanded()
+	wreq := &worker.Request{ID: r.id, TokenIDs: ids, Media: spans, Embeds: embeds, Sampling: r.p.sampling, CacheSalt: r.p.ext.CacheSalt}
+	events, err := w.Generate(ctx, wreq)
+	if err != nil {
+		if errors.Is(err, worker.ErrUnavailable) {
+			s.router.SetHealthy(d.Worker, false) //nolint:errcheck // a worker that is gone cannot be marked
+			time.AfterFunc(5*time.Second, func() { s.router.SetHealthy(d.Worker, true) })
+		}
+		return nil, errorf(http.StatusBadGateway, "upstream_error", "", "worker %s: %v", d.Worker, err)
+	}
+	if err := s.router.Start(r.id, d, d.Worker, time.Now()); err == nil {
+		r.routed.Store(true)
+	}
+	out := make(chan worker.Event, 16)
+	go r.forward(ctx, events, out)
+	return &Generation{ID: r.id, Model: s.models.Name, Worker: d.Worker, PromptTokens: r.pm.Len, Events: out}, nil
+}
+
+// forward relays the worker's events, marking prefill at the first and releasing everything
+// at the last (or when the client leaves).
+func (r *request) forward(ctx context.Context, in <-chan worker.Event, out chan<- worker.Event) {
+	defer close(out)
+	first := true
+	var final error
+	defer func() { r.release(final) }()
+	for {
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				final = errors.New("the worker's stream ended without a final event")
+				return
+			}
+			if first {
+				first = false
+				r.s.metrics.ttft.Observe(time.Since(r.start).Seconds())
+				r.s.router.FirstToken(r.id)
+				if r.fr != nil {
+					r.fr.Prefilled() //nolint:errcheck // a cancelled request has nothing left to mark
+				}
+			}
+			if ev.Done {
+				final = ev.Err
+				if final == nil {
+					final = errDone
+				}
+			}
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				final = ctx.Err()
+				return
+			}
+			if ev.Done {
+				return
+			}
+		case <-ctx.Done():
+			final = ctx.Err()
+			return
+		}
+	}
+}
+
+// errDone marks a generation that ended well.
+var errDone = errors.New("done")
+
+// release gives back everything the request holds, once: its features (per the cache policy
+// when it finished, all of it when not), its place in the router's load, its slot in the drain.
+func (r *request) release(err error) {
+	r.once.Do(func() {
+		ok := errors.Is(err, errDone)
+		if r.fr != nil {
+			if ok {
+				r.fr.Done() //nolint:errcheck
+			} else {
+				r.fr.Cancel()
+			}
+		}
+		if r.routed.Load() {
+			r.s.router.Finish(r.id)
+		}
+		r.s.metrics.finished(r.p.endpoint, outcomeOf(err), time.Since(r.start))
+		r.s.active.Done()
+	})
+}
+
+// outcomeOf names how a request ended, for metrics.
+func outcomeOf(err error) string {
+	var apiErr *openai.Error
+	switch {
+	case errors.Is(err, errDone):
+		return "ok"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	case errors.As(err, &apiErr) && apiErr.Status < 500:
+		if apiErr.Status == http.StatusTooManyRequests {
+			return "rejected"
+		}
+		return "bad_request"
+	}
+	return "error"
+}

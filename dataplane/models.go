@@ -1,0 +1,275 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"dataplane/dataplane/encoder"
+	"dataplane/dataplane/media"
+	"dataplane/dataplane/media/picture"
+	"dataplane/features/safetensors"
+	"dataplane/native"
+)
+
+// ModelOptions choose the encoders and the LLM's input embeddings. Empty paths mean seeded
+// random demo models, so the daemon runs end to end with no checkpoint at all.
+type ModelOptions struct {
+	Name         string // the model id clients ask for (GET /v1/models)
+	VisionModel  string // encoder checkpoint directory for images and video frames ("": demo)
+	VisionPreset string // media preset ("": chosen from the vision model: clip-N / siglip-N)
+	AudioModel   string // Whisper encoder checkpoint directory ("": demo)
+	AudioPreset  string // media preset ("": whisper-80 or whisper-128 by the model's mel bins)
+	NoAudio      bool   // serve no audio encoder
+	// Embeddings is a safetensors file holding the LLM's input embedding table ([vocab,
+	// hidden]), named EmbeddingTensor or found by its usual names; "": a random table of
+	// DemoVocab × the encoders' width.
+	Embeddings      string
+	EmbeddingTensor string
+	DemoVocab       int // rows of the random table (the tokenizer's vocabulary size)
+	DemoHidden      int // the demo models' output width (the demo LLM's hidden size)
+	DType           native.DType
+	Threads         int
+	Seed            uint64
+}
+
+// DefaultModelOptions: demo models 256 wide, bf16 features.
+func DefaultModelOptions() ModelOptions {
+	return ModelOptions{Name: "dataplane-demo", DemoHidden: 256, DemoVocab: 32000, DType: native.BF16, Seed: 1}
+}
+
+// Models are what requests are encoded and merged with.
+type Models struct {
+	Name   string
+	Vision *encoder.Model // nil: no vision input
+	Audio  *encoder.Model // nil: no audio input
+	// VisionPreset and AudioPreset turn media into the encoders' inputs.
+	VisionPreset, AudioPreset media.Preset
+	// Table is the LLM's input embedding table, Hidden its width; features and merged
+	// sequences are DType.
+	Table  native.Matrix
+	Hidden int
+	DType  native.DType
+}
+
+// ErrModels: the encoders, presets and embedding table do not fit together.
+var ErrModels = errors.New("models do not fit together")
+
+// LoadModels loads (or builds) the encoders and the embedding table and checks they agree:
+// every encoder's output width must be the table's width, and each preset must produce the
+// input its encoder takes.
+func LoadModels(o ModelOptions) (*Models, error) {
+	m := &Models{Name: o.Name, DType: o.DType}
+	if m.DType.Size() == 0 {
+		m.DType = native.BF16
+	}
+	var err error
+	if m.Vision, err = loadVision(o); err != nil {
+		return nil, err
+	}
+	if !o.NoAudio {
+		if m.Audio, err = loadAudio(o); err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
+	if err := m.choosePresets(o); err != nil {
+		m.Close()
+		return nil, err
+	}
+	width := m.Vision.Width()
+	if m.Audio != nil && m.Audio.Width() != width {
+		m.Close()
+		return nil, fmt.Errorf("%w: the audio encoder gives %d-wide features, the vision encoder %d", ErrModels, m.Audio.Width(), width)
+	}
+	if err := m.loadTable(o, width); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// llava selection: the LLM takes the penultimate layer without CLS through the projector.
+var llavaSelect = native.OutputSelection{Kind: native.OutputHiddenState, Layer: -2, DropCLS: true, Project: true}
+
+func loadVision(o ModelOptions) (*encoder.Model, error) {
+	if o.VisionModel != "" {
+		m, err := encoder.Load(o.VisionModel, encoder.Options{Threads: o.Threads})
+		if err != nil {
+			return nil, fmt.Errorf("--vision-model: %w", err)
+		}
+		if m.Spec.Config.Arch == native.ArchWhisper {
+			m.Close()
+			return nil, fmt.Errorf("--vision-model %s is a Whisper encoder", o.VisionModel)
+		}
+		return m, nil
+	}
+	// The demo: a small CLIP ViT at 224 px with 14-px patches (256 tokens without CLS) and a
+	// LLaVA projector to DemoHidden.
+	c := native.EncoderConfig{Arch: native.ArchCLIP, Hidden: 64, Intermediate: 256, Layers: 2, Heads: 4,
+		Act: native.ActQuickGELU, LNEps: 1e-5, ImageSize: 224, PatchSize: 14, Channels: 3,
+		ProjectorDim: o.DemoHidden, ProjectorAct: native.ActGELU}
+	return encoder.Random(c, o.Seed, &llavaSelect, o.Threads)
+}
+
+func loadAudio(o ModelOptions) (*encoder.Model, error) {
+	if o.AudioModel != "" {
+		m, err := encoder.Load(o.AudioModel, encoder.Options{Threads: o.Threads})
+		if err != nil {
+			return nil, fmt.Errorf("--audio-model: %w", err)
+		}
+		if m.Spec.Config.Arch != native.ArchWhisper {
+			m.Close()
+			return nil, fmt.Errorf("--audio-model %s is not a Whisper encoder", o.AudioModel)
+		}
+		return m, nil
+	}
+	// The demo: a two-layer Whisper encoder as wide as the demo LLM, 30 s windows.
+	c := native.EncoderConfig{Arch: native.ArchWhisper, Hidden: o.DemoHidden, Intermediate: 4 * o.DemoHidden, Layers: 2,
+		Heads: 4, Act: native.ActGELU, LNEps: 1e-5, NMels: 80, MaxPositions: 1500}
+	return encoder.Random(c, o.Seed+1, nil, o.Threads)
+}
+
+// choosePresets picks (or checks) the media presets and that their inputs and token counts
+// are the encoders'.
+func (m *Models) choosePresets(o ModelOptions) error {
+	vc := m.Vision.Spec.Config
+	name := o.VisionPreset
+	if name == "" {
+		family := "clip"
+		if vc.Arch == native.ArchSigLIP {
+			family = "siglip"
+		}
+		name = fmt.Sprintf("%s-%d", family, vc.ImageSize)
+	}
+	p, err := media.Lookup(name)
+	if err != nil {
+		return fmt.Errorf("--vision-preset: %w", err)
+	}
+	if p.Picture == nil || (p.Picture.Family != picture.CLIP && p.Picture.Family != picture.SigLIP) {
+		return fmt.Errorf("%w: preset %s is not a CLIP or SigLIP picture preset (the CPU encoders run ViTs of fixed size)", ErrModels, name)
+	}
+	if p.Picture.Size != vc.ImageSize {
+		return fmt.Errorf("%w: preset %s makes %d-px inputs, the vision encoder takes %d", ErrModels, name, p.Picture.Size, vc.ImageSize)
+	}
+	tokens, err := m.Vision.Tokens(encoder.Input{})
+	if err != nil {
+		return err
+	}
+	if want := (p.Picture.Size / p.Picture.Patch) * (p.Picture.Size / p.Picture.Patch); want != tokens {
+		return fmt.Errorf("%w: preset %s counts %d tokens an image, the vision encoder's selection (%v) gives %d",
+			ErrModels, name, want, m.Vision.Select(), tokens)
+	}
+	m.VisionPreset = p
+	if m.Audio == nil {
+		return nil
+	}
+	ac := m.Audio.Spec.Config
+	if name = o.AudioPreset; name == "" {
+		name = "whisper-80"
+		if ac.NMels == 128 {
+			name = "whisper-128"
+		}
+	}
+	if p, err = media.Lookup(name); err != nil {
+		return fmt.Errorf("--audio-preset: %w", err)
+	}
+	if p.Audio == nil || p.Audio.Mels != ac.NMels || p.Audio.Qwen2Audio {
+		return fmt.Errorf("%w: preset %s does not make the %d-bin Whisper input the audio encoder takes", ErrModels, name, ac.NMels)
+	}
+	if ac.MaxPositions*2 != 3000 {
+		return fmt.Errorf("%w: the audio encoder takes %d frames, presets make 3000-frame windows", ErrModels, 2*ac.MaxPositions)
+	}
+	m.AudioPreset = p
+	return nil
+}
+
+// embeddingNames are where LLM checkpoints keep the input embedding table.
+var embeddingNames = []string{"model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+	"language_model.model.embed_tokens.weight", "embed_tokens.weight", "tok_embeddings.weight", "transformer.wte.weight"}
+
+func (m *Models) loadTable(o ModelOptions, width int) error {
+	m.Hidden = width
+	if o.Embeddings == "" {
+		vocab := max(o.DemoVocab, 1)
+		r := rand.New(rand.NewPCG(o.Seed, 0xe1))
+		f := make([]float32, vocab*width)
+		scale := 1 / math.Sqrt(float64(width))
+		for i := range f {
+			f[i] = float32(r.NormFloat64() * scale)
+		}
+		data := make([]byte, len(f)*m.DType.Size())
+		if err := native.Convert(data, m.DType, native.AsBytes(f), native.F32); err != nil {
+			return err
+		}
+		m.Table = native.Matrix{Data: data, DType: m.DType, Rows: vocab, Cols: width}
+		return nil
+	}
+	f, err := safetensors.Open(o.Embeddings)
+	if err != nil {
+		return fmt.Errorf("--embeddings: %w", err)
+	}
+	defer f.Close()
+	names := embeddingNames
+	if o.EmbeddingTensor != "" {
+		names = []string{o.EmbeddingTensor}
+	}
+	var t safetensors.Tensor
+	found := false
+	for _, n := range names {
+		if t, found = f.Tensor(n); found {
+			break
+		}
+	}
+	if !found {
+		return fmt.Errorf("--embeddings %s: no tensor named %v", o.Embeddings, names)
+	}
+	dt, err := native.ParseDType(t.DType)
+	if err != nil || len(t.Shape) != 2 {
+		return fmt.Errorf("--embeddings: tensor %q is %s %v, want a 2-D float table", t.Name, t.DType, t.Shape)
+	}
+	if t.Shape[1] != width {
+		return fmt.Errorf("%w: the embedding table %q is %d wide, the encoders give %d-wide features", ErrModels, t.Name, t.Shape[1], width)
+	}
+	// Copied out of the mapping in the merge dtype, so the file can close.
+	data := make([]byte, t.Shape[0]*width*m.DType.Size())
+	if err := native.Convert(data, m.DType, t.Data, dt); err != nil {
+		return err
+	}
+	m.Table = native.Matrix{Data: data, DType: m.DType, Rows: t.Shape[0], Cols: width}
+	return nil
+}
+
+// ForModality is the encoder and preset for a modality (video frames use the vision ones).
+func (m *Models) ForModality(mod Modality) (*encoder.Model, media.Preset, error) {
+	switch mod {
+	case ModalityImage, ModalityVideo:
+		return m.Vision, m.VisionPreset, nil
+	case ModalityAudio:
+		if m.Audio != nil {
+			return m.Audio, m.AudioPreset, nil
+		}
+	}
+	return nil, media.Preset{}, fmt.Errorf("this server has no %v encoder", mod)
+}
+
+// Modalities lists what the server accepts.
+func (m *Models) Modalities() []Modality {
+	out := []Modality{ModalityImage, ModalityVideo}
+	if m.Audio != nil {
+		out = append(out, ModalityAudio)
+	}
+	return slices.Clip(out)
+}
+
+// Close frees the encoders.
+func (m *Models) Close() {
+	if m.Vision != nil {
+		m.Vision.Close()
+	}
+	if m.Audio != nil {
+		m.Audio.Close()
+	}
+}

@@ -1,0 +1,243 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"dataplane/dataplane/encoderpool"
+	"dataplane/dataplane/fetch"
+	"dataplane/dataplane/media"
+	"dataplane/dataplane/openai"
+	"dataplane/dataplane/worker"
+	"dataplane/features"
+	"dataplane/router"
+)
+
+// ServiceOptions configure the request path. DefaultServiceOptions has every default.
+type ServiceOptions struct {
+	Models    ModelOptions
+	Tokenizer TokenizerOptions
+	Features  features.Options
+	Pool      encoderpool.Options
+	Router    router.Options
+	Fetch     fetch.Options
+	Limits    openai.Limits
+	Media     media.Options
+	// MediaKey names the preprocessing options that change features (part of the cache key).
+	MediaKey string
+	// MaxMediaBytes bounds one media item's encoded bytes (data: URLs, inline data, fetches).
+	MaxMediaBytes int64
+	// ItemTimeout bounds the wait for one request's media to be encoded.
+	ItemTimeout time.Duration
+	// MaxPromptTokens bounds the merged prompt (the model's context).
+	MaxPromptTokens int
+	// DefaultMaxTokens is max_tokens when a request gives none.
+	DefaultMaxTokens int
+	// CachePolicy applies when a request gives none (features.ParsePolicy).
+	CachePolicy string
+	// MaxUUIDs bounds the table of client uuids.
+	MaxUUIDs int
+	// Transfer estimates the cost of sending features to a remote worker (bytes a second).
+	TransferBytesPerSecond float64
+	Log                    *slog.Logger
+}
+
+// DefaultServiceOptions are the embedded defaults `make run` serves with.
+func DefaultServiceOptions() ServiceOptions {
+	fo := features.DefaultOptions()
+	fo.Host.Capacity = 1 << 30
+	ro := router.DefaultOptions()
+	return ServiceOptions{
+		Models:                 DefaultModelOptions(),
+		Tokenizer:              DefaultTokenizerOptions(),
+		Features:               fo,
+		Pool:                   encoderpool.DefaultOptions(),
+		Router:                 ro,
+		Limits:                 openai.DefaultLimits(),
+		MediaKey:               "default",
+		MaxMediaBytes:          32 << 20,
+		ItemTimeout:            60 * time.Second,
+		MaxPromptTokens:        32768,
+		DefaultMaxTokens:       256,
+		MaxUUIDs:               1 << 16,
+		TransferBytesPerSecond: 10e9,
+	}
+}
+
+// Service is the daemon's request path: models, tokenizer, feature store, encoder pool,
+// router and LLM workers.
+type Service struct {
+	opts    ServiceOptions
+	log     *slog.Logger
+	models  *Models
+	tok     *Tok
+	store   *features.Store
+	pool    *encoderpool.Pool
+	router  *router.Router
+	fetcher *fetch.Fetcher
+	uuids   *uuidTable
+	metrics *serviceMetrics
+	routes  *decisionLog
+
+	mu      sync.Mutex
+	workers map[string]worker.Worker
+	closed  bool
+	active  sync.WaitGroup // requests in flight, for the drain
+	nextID  atomic.Uint64
+	prepSem chan struct{} // bounds concurrent media preprocessing to the CPU count
+}
+
+// NewService loads the models and the tokenizer and builds the pieces. Workers are added
+// with AddWorker.
+func NewService(opts ServiceOptions) (*Service, error) {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{opts: opts, log: opts.Log, workers: map[string]worker.Worker{}, uuids: newUUIDTable(max(opts.MaxUUIDs, 1)),
+		routes: newDecisionLog(256), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0))}
+	var err error
+	if s.tok, err = LoadTokenizer(opts.Tokenizer); err != nil {
+		return nil, err
+	}
+	if opts.Models.Embeddings == "" {
+		opts.Models.DemoVocab = s.tok.VocabSize()
+	}
+	if s.models, err = LoadModels(opts.Models); err != nil {
+		return nil, err
+	}
+	if s.models.Table.Rows < s.tok.VocabSize() {
+		s.models.Close()
+		return nil, fmt.Errorf("%w: the embedding table has %d rows, the tokenizer %d tokens", ErrModels, s.models.Table.Rows, s.tok.VocabSize())
+	}
+	if s.store, err = features.New(opts.Features); err != nil {
+		s.models.Close()
+		return nil, err
+	}
+	if s.fetcher, err = fetch.New(opts.Fetch); err != nil {
+		s.closePieces()
+		return nil, err
+	}
+	if s.router, err = router.New(opts.Router); err != nil {
+		s.closePieces()
+		return nil, err
+	}
+	s.metrics = newServiceMetrics()
+	po := opts.Pool
+	po.Observe = s.metrics.observeBatch
+	s.pool = encoderpool.New(po)
+	return s, nil
+}
+
+// AddWorker puts an LLM worker behind the router; its KV events come through the returned
+// engine (the caller feeds it, e.g. router.SubscribeZMQ or a mocker's sink).
+func (s *Service) AddWorker(w worker.Worker) (*router.Engine, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, dup := s.workers[w.Name()]; dup {
+		return nil, fmt.Errorf("worker %q added twice", w.Name())
+	}
+	e, err := s.router.AddWorker(w.Name())
+	if err != nil {
+		return nil, err
+	}
+	s.workers[w.Name()] = w
+	return e, nil
+}
+
+// Router is the service's router (for metrics and the debug endpoint).
+func (s *Service) Router() *router.Router { return s.router }
+
+// Models and Tokenizer are what the service serves with.
+func (s *Service) Models() *Models { return s.models }
+func (s *Service) Tokenizer() *Tok { return s.tok }
+
+// Collectors are the service's Prometheus collectors: its own, the feature store's and the
+// router's.
+func (s *Service) Collectors() []prometheus.Collector {
+	return append(s.metrics.collectors(), s.store.Collector(), router.NewCollector(s.router))
+}
+
+// Ready says whether the service can take requests (an error says why not).
+func (s *Service) Ready() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("shutting down")
+	}
+	if len(s.workers) == 0 {
+		return errors.New("no LLM worker")
+	}
+	return nil
+}
+
+// Close waits for requests in flight (up to ctx), then stops the pool, the workers and the
+// store.
+func (s *Service) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.active.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("requests still in flight: %w", ctx.Err())
+	}
+	s.pool.Close()
+	s.mu.Lock()
+	for _, w := range s.workers {
+		w.Close()
+	}
+	s.mu.Unlock()
+	s.closePieces()
+	return err
+}
+
+func (s *Service) closePieces() {
+	if s.store != nil {
+		if err := s.store.Close(); err != nil {
+			s.log.Warn("feature store close", "err", err)
+		}
+	}
+	if s.models != nil {
+		s.models.Close()
+	}
+}
+
+// begin registers a request in flight; false once the service is closing.
+func (s *Service) begin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.active.Add(1)
+	return true
+}
+
+func (s *Service) worker(name string) worker.Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.workers[name]
+}
+
+func (s *Service) workerNames() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, 0, len(s.workers))
+	for n := range s.workers {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}

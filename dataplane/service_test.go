@@ -1,0 +1,276 @@
+package dataplane
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"dataplane/dataplane/worker"
+	"dataplane/native/fixtures"
+)
+
+// echoWorker is an LLM engine stand-in for this package's tests (the engine mocker lives in
+// bench/ and drives the daemon end to end in cmd/dataplane's tests): it answers "tok0 tok1 ..."
+// and keeps every request it got.
+type echoWorker struct {
+	name  string
+	delay time.Duration
+	mu    sync.Mutex
+	got   []*worker.Request
+	// embeds keeps a copy of each request's merged sequence (the original is released after
+	// the first token).
+	embeds [][]byte
+}
+
+func (w *echoWorker) Name() string { return w.name }
+func (w *echoWorker) Close() error { return nil }
+
+func (w *echoWorker) Generate(ctx context.Context, r *worker.Request) (<-chan worker.Event, error) {
+	w.mu.Lock()
+	w.got = append(w.got, r)
+	w.embeds = append(w.embeds, bytes.Clone(r.Embeds.Data))
+	w.mu.Unlock()
+	ch := make(chan worker.Event, r.Sampling.MaxTokens+1)
+	go func() {
+		defer close(ch)
+		for i := range r.Sampling.MaxTokens {
+			select {
+			case <-time.After(w.delay):
+			case <-ctx.Done():
+				ch <- worker.Event{Done: true, Err: ctx.Err()}
+				return
+			}
+			ch <- worker.Event{Text: fmt.Sprintf("tok%d ", i), Tokens: 1}
+		}
+		ch <- worker.Event{Done: true, FinishReason: "length", PromptTokens: len(r.TokenIDs)}
+	}()
+	return ch, nil
+}
+
+func (w *echoWorker) requests() []*worker.Request {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]*worker.Request(nil), w.got...)
+}
+
+type testDaemon struct {
+	svc  *Service
+	w    *echoWorker
+	base string
+}
+
+func startDaemon(t *testing.T, mutate func(*ServiceOptions)) *testDaemon {
+	t.Helper()
+	opts := DefaultServiceOptions()
+	opts.Features.Host.Capacity = 64 << 20
+	opts.Log = slog.New(slog.DiscardHandler)
+	if mutate != nil {
+		mutate(&opts)
+	}
+	svc, err := NewService(opts)
+	require.NoError(t, err)
+	w := &echoWorker{name: "echo-0"}
+	_, err = svc.AddWorker(w)
+	require.NoError(t, err)
+	srvOpts := DefaultOptions()
+	srv := NewServer(srvOpts, slog.New(slog.DiscardHandler))
+	srv.Attach(svc)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		require.NoError(t, svc.Close(cctx))
+	})
+	return &testDaemon{svc: svc, w: w, base: "http://" + ln.Addr().String()}
+}
+
+func (d *testDaemon) post(t *testing.T, path string, body any) (int, map[string]any) {
+	t.Helper()
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+	resp, err := http.Post(d.base+path, "application/json", bytes.NewReader(raw))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	b, _ := io.ReadAll(resp.Body)
+	require.NoError(t, json.Unmarshal(b, &out), string(b))
+	return resp.StatusCode, out
+}
+
+func dataURL(t *testing.T, mime, fixture string) string {
+	b, err := os.ReadFile(fixtures.Path(t, fixture))
+	require.NoError(t, err)
+	return "data:" + mime + ";base64," + base64.StdEncoding.EncodeToString(b)
+}
+
+func TestChatWithImageAndAudio(t *testing.T) {
+	d := startDaemon(t, nil)
+	wav, err := os.ReadFile(fixtures.Path(t, "audio_7s3.wav"))
+	require.NoError(t, err)
+	msg := map[string]any{
+		"messages": []any{map[string]any{"role": "user", "content": []any{
+			map[string]any{"type": "text", "text": "What is in this picture and this sound?"},
+			map[string]any{"type": "image_url", "image_url": map[string]any{"url": dataURL(t, "image/png", "image_200x150.png")}},
+			map[string]any{"type": "input_audio", "input_audio": map[string]any{"data": base64.StdEncoding.EncodeToString(wav), "format": "wav"}},
+		}}},
+		"max_tokens": 3,
+	}
+	code, out := d.post(t, "/v1/chat/completions", msg)
+	require.Equal(t, 200, code, "%v", out)
+	choice := out["choices"].([]any)[0].(map[string]any)
+	require.Equal(t, "tok0 tok1 tok2 ", choice["message"].(map[string]any)["content"])
+	require.Equal(t, "length", choice["finish_reason"])
+	usage := out["usage"].(map[string]any)
+
+	reqs := d.w.requests()
+	require.Len(t, reqs, 1)
+	r := reqs[0]
+	require.Len(t, r.Media, 2)
+	require.Equal(t, 256, r.Media[0].End-r.Media[0].Start, "clip-224 without CLS")
+	require.Equal(t, 1500, r.Media[1].End-r.Media[1].Start, "one 30 s Whisper window")
+	require.Equal(t, float64(len(r.TokenIDs)), usage["prompt_tokens"])
+	require.Equal(t, len(r.TokenIDs), r.Embeds.Rows, "the merged sequence covers the prompt")
+	require.Equal(t, d.svc.models.Hidden, r.Embeds.Cols)
+
+	// The same request again: both items come from the reuse cache (the default policy keeps
+	// nothing, so use keep).
+	msg["cache_policy"] = "keep:1m"
+	code, _ = d.post(t, "/v1/chat/completions", msg)
+	require.Equal(t, 200, code)
+	code, _ = d.post(t, "/v1/chat/completions", msg)
+	require.Equal(t, 200, code)
+	_, metrics := get(t, d.base+"/metrics")
+	require.Contains(t, metrics, `dataplane_media_items_total{cache="hit",modality="image"} 1`)
+	require.Contains(t, metrics, `dataplane_media_items_total{cache="hit",modality="audio"} 1`)
+	reqs = d.w.requests()
+	require.Equal(t, d.w.embeds[1], d.w.embeds[2], "a cache hit merges the same features")
+}
+
+func TestTextOnlyAndStreaming(t *testing.T) {
+	d := startDaemon(t, nil)
+	code, out := d.post(t, "/v1/completions", map[string]any{"prompt": "Once upon a time", "max_tokens": 2})
+	require.Equal(t, 200, code, "%v", out)
+	require.Equal(t, "tok0 tok1 ", out["choices"].([]any)[0].(map[string]any)["text"])
+	require.Zero(t, d.w.requests()[0].Embeds.Rows, "text-only: no merge")
+
+	raw, _ := json.Marshal(map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}},
+		"stream": true, "stream_options": map[string]any{"include_usage": true}, "max_tokens": 4})
+	resp, err := http.Post(d.base+"/v1/chat/completions", "application/json", bytes.NewReader(raw))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	var text strings.Builder
+	var events, doneSeen int
+	var lastUsage map[string]any
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "data: ") {
+			continue
+		}
+		data := strings.TrimPrefix(line, "data: ")
+		if data == "[DONE]" {
+			doneSeen++
+			continue
+		}
+		events++
+		var c map[string]any
+		require.NoError(t, json.Unmarshal([]byte(data), &c))
+		require.Equal(t, "chat.completion.chunk", c["object"])
+		if u, ok := c["usage"].(map[string]any); ok {
+			lastUsage = u
+		}
+		for _, ch := range c["choices"].([]any) {
+			if content, ok := ch.(map[string]any)["delta"].(map[string]any)["content"].(string); ok {
+				text.WriteString(content)
+			}
+		}
+	}
+	require.Equal(t, 1, doneSeen)
+	require.Equal(t, "tok0 tok1 tok2 tok3 ", text.String())
+	require.Equal(t, float64(4), lastUsage["completion_tokens"])
+	require.GreaterOrEqual(t, events, 6) // role, 4 tokens, finish, usage
+}
+
+// Bad requests are 4xx naming the problem; the daemon stays up and holds no feature bytes.
+func TestBadRequests(t *testing.T) {
+	d := startDaemon(t, func(o *ServiceOptions) { o.Limits.MaxMediaItems = 2 })
+	user := func(parts ...any) map[string]any {
+		return map[string]any{"messages": []any{map[string]any{"role": "user", "content": parts}}}
+	}
+	img := func(url string) any {
+		return map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}}
+	}
+	f := func(path string, body any, status int, param, msg string) {
+		t.Helper()
+		code, out := d.post(t, path, body)
+		require.Equal(t, status, code, "%v", out)
+		e := out["error"].(map[string]any)
+		require.Contains(t, e["message"], msg)
+		if param != "" {
+			require.Equal(t, param, e["param"])
+		}
+	}
+	f("/v1/chat/completions", user(img("data:image/png;base64,@@@")), 400, "messages[0].content[0]", "base64")
+	f("/v1/chat/completions", user(img("data:image/png;base64,"+base64.StdEncoding.EncodeToString([]byte("not a png")))), 400,
+		"messages[0].content[0]", "")
+	f("/v1/chat/completions", user(img("http://169.254.169.254/latest/meta-data")), 400, "messages[0].content[0]", "http(s):// URLs are disabled")
+	f("/v1/chat/completions", user(img("file:///etc/passwd")), 400, "messages[0].content[0]", "file:// URLs are disabled")
+	f("/v1/chat/completions", user(map[string]any{"type": "image_url", "uuid": "never-seen"}), 400, "messages[0].content[0]", `uuid "never-seen"`)
+	f("/v1/chat/completions", user(img("data:,a"), img("data:,b"), img("data:,c")), 400, "messages[0].content[2]", "more than 2 media items")
+	f("/v1/chat/completions", map[string]any{"model": "gpt-9", "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 404, "model", `"gpt-9"`)
+	f("/v1/completions", map[string]any{"prompt": []int{1, 99999999}}, 400, "prompt[1]", "outside")
+	f("/v1/pretokenized", map[string]any{"token_ids": []int{1, int(d.svc.tok.ph.Image), 2}}, 400, "", "placeholder without a media item")
+	f("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "cache_policy": "forever"}, 400, "cache_policy", "")
+
+	resp, err := http.Get(d.base + "/v1/chat/completions")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 405, resp.StatusCode)
+
+	st := d.svc.store.Stats()
+	require.Zero(t, st.Host.Used+st.Host.Reserved, "no feature bytes held after the failures")
+	code, _ := get(t, d.base+"/readyz")
+	require.Equal(t, 200, code)
+}
+
+// A client that leaves while its media waits to be encoded: the request is cancelled and every
+// byte it held is released.
+func TestDisconnectMidEncode(t *testing.T) {
+	d := startDaemon(t, func(o *ServiceOptions) { o.Pool.MaxWait = 2 * time.Second; o.Pool.MaxBatch = 64 })
+	raw, _ := json.Marshal(map[string]any{"messages": []any{map[string]any{"role": "user", "content": []any{
+		map[string]any{"type": "image_url", "image_url": map[string]any{"url": dataURL(t, "image/png", "image_200x150.png")}}}}}})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))
+	require.NoError(t, err)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(raw), raw)
+	require.Eventually(t, func() bool { st := d.svc.store.Stats(); return st.Host.Reserved > 0 }, 5*time.Second, 5*time.Millisecond,
+		"the image's features are reserved while it waits for the encoder")
+	conn.Close()
+	require.Eventually(t, func() bool {
+		st := d.svc.store.Stats()
+		return st.Host.Used+st.Host.Reserved == 0
+	}, 10*time.Second, 10*time.Millisecond, "every byte released after the disconnect")
+	_, metrics := get(t, d.base+"/metrics")
+	require.Contains(t, metrics, `dataplane_requests_total{endpoint="chat",outcome="cancelled"} 1`)
+	require.Empty(t, d.w.requests(), "the worker never saw it")
+}
