@@ -87,7 +87,7 @@ func (s *Service) prepare(ctx context.Context, m *openai.Media, salt string) (*i
 		return nil, itemError(m, err)
 	}
 	it := &item{src: m, modality: mod, model: model}
-	if m.URL == "" && m.Data == nil { // a uuid the server has seen
+	if m.URL == "" && m.Data == nil && m.Frames == nil { // a uuid the server has seen
 		known, ok := s.uuids.get(salt, m.UUID)
 		if !ok || known.modality != mod {
 			return nil, itemError(m, fmt.Errorf("uuid %q is not one this server has features for: send the media with it", m.UUID))
@@ -95,8 +95,17 @@ func (s *Service) prepare(ctx context.Context, m *openai.Media, salt string) (*i
 		it.key, it.tokens, it.rows, it.id = known.key, known.tokens, nil, m.UUID
 		return it, nil
 	}
-	data, err := s.bytesOf(ctx, m)
-	if err != nil {
+	var data []byte
+	var frames [][]byte
+	if m.Frames != nil {
+		for i, u := range m.Frames {
+			b, err := s.bytesOf(ctx, &openai.Media{URL: u})
+			if err != nil {
+				return nil, itemError(m, fmt.Errorf("picture %d: %w", i, err))
+			}
+			frames = append(frames, b)
+		}
+	} else if data, err = s.bytesOf(ctx, m); err != nil {
 		return nil, itemError(m, err)
 	}
 	var res *media.Result
@@ -106,7 +115,7 @@ func (s *Service) prepare(ctx context.Context, m *openai.Media, salt string) (*i
 	case ModalityAudio:
 		res, err = media.Audio(ctx, data, preset, s.opts.Media)
 	case ModalityVideo:
-		res, err = media.Video(ctx, data, nil, preset, s.opts.Media)
+		res, err = media.Video(ctx, data, frames, preset, s.opts.Media)
 	}
 	if err != nil {
 		return nil, itemError(m, err)

@@ -274,3 +274,52 @@ func TestDisconnectMidEncode(t *testing.T) {
 	require.Contains(t, metrics, `dataplane_requests_total{endpoint="chat",outcome="cancelled"} 1`)
 	require.Empty(t, d.w.requests(), "the worker never saw it")
 }
+
+// A video given as pictures, and many clients at once.
+func TestVideoAsPicturesAndConcurrency(t *testing.T) {
+	d := startDaemon(t, nil)
+	png := dataURL(t, "image/png", "image_200x150.png")
+	jpg := dataURL(t, "image/jpeg", "image_200x150.jpg")
+	code, out := d.post(t, "/v1/chat/completions", map[string]any{"max_tokens": 1, "messages": []any{map[string]any{"role": "user",
+		"content": []any{map[string]any{"type": "video", "video": []string{png, jpg, png, jpg}}, map[string]any{"type": "text", "text": "what happens?"}}}}})
+	require.Equal(t, 200, code, "%v", out)
+	r := d.w.requests()[0]
+	require.Len(t, r.Media, 1)
+	frames := (r.Media[0].End - r.Media[0].Start) / 256
+	require.GreaterOrEqual(t, frames, 2, "a video of several frames, 256 tokens each")
+	require.Zero(t, (r.Media[0].End-r.Media[0].Start)%256)
+
+	// 200 clients, half with the same picture: every request answered, no bytes left held.
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			content := []any{map[string]any{"type": "text", "text": fmt.Sprintf("question %d", i)}}
+			if i%2 == 0 {
+				content = append(content, map[string]any{"type": "image_url", "image_url": map[string]any{"url": png}})
+			}
+			raw, _ := json.Marshal(map[string]any{"max_tokens": 2, "messages": []any{map[string]any{"role": "user", "content": content}}})
+			resp, err := http.Post(d.base+"/v1/chat/completions", "application/json", bytes.NewReader(raw))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			io.Copy(io.Discard, resp.Body) //nolint:errcheck
+			if resp.StatusCode != 200 {
+				errs <- fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	require.Eventually(t, func() bool { st := d.svc.store.Stats(); return st.Host.Used+st.Host.Reserved == 0 },
+		5*time.Second, 10*time.Millisecond, "every byte released")
+	_, metrics := get(t, d.base+"/metrics")
+	require.Contains(t, metrics, `dataplane_requests_total{endpoint="chat",outcome="ok"} 201`)
+}

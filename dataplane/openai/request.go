@@ -49,6 +49,8 @@ type Media struct {
 	// ("wav", "mp3", ...).
 	Data   []byte
 	Format string
+	// Frames are a video given as pictures (URLs, usually data: URLs), in order.
+	Frames []string
 	// UUID is the client's identifier for the item (vLLM's per-part "uuid"): it replaces the
 	// content hash for caching, and a known uuid may come without the media.
 	UUID string
@@ -204,17 +206,21 @@ type rawURL struct {
 }
 
 type rawPart struct {
-	Type       string  `json:"type"`
-	Text       *string `json:"text"`
-	ImageURL   *rawURL `json:"image_url"`
-	VideoURL   *rawURL `json:"video_url"`
-	AudioURL   *rawURL `json:"audio_url"`
+	Type       string   `json:"type"`
+	Text       *string  `json:"text"`
+	ImageURL   *rawURL  `json:"image_url"`
+	VideoURL   *rawURL  `json:"video_url"`
+	Video      []string `json:"video"` // a video as a list of picture URLs (Qwen's form)
+	AudioURL   *rawURL  `json:"audio_url"`
 	InputAudio *struct {
 		Data   string `json:"data"`
 		Format string `json:"format"`
 	} `json:"input_audio"`
 	UUID string `json:"uuid"`
 }
+
+// maxVideoPictures bounds a video given as pictures (frame sampling keeps fewer).
+const maxVideoPictures = 1024
 
 var roles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
@@ -322,6 +328,16 @@ func part(rp rawPart, path string) (Part, error) {
 		return media(Image, rp.ImageURL, "image_url")
 	case "video_url":
 		return media(Video, rp.VideoURL, "video_url")
+	case "video": // frames as pictures
+		if len(rp.Video) == 0 || len(rp.Video) > maxVideoPictures {
+			return Part{}, BadRequest(path+".video", "a video part needs a list of 1..%d picture URLs", maxVideoPictures)
+		}
+		for i, f := range rp.Video {
+			if strings.TrimSpace(f) == "" {
+				return Part{}, BadRequest(fmt.Sprintf("%s.video[%d]", path, i), "empty picture URL")
+			}
+		}
+		return Part{Media: &Media{Modality: Video, Frames: rp.Video, UUID: rp.UUID, Path: path}}, nil
 	case "audio_url":
 		return media(Audio, rp.AudioURL, "audio_url")
 	case "input_audio":
@@ -343,7 +359,7 @@ func part(rp rawPart, path string) (Part, error) {
 	case "":
 		return Part{}, BadRequest(path+".type", "a content part needs a type")
 	}
-	return Part{}, BadRequest(path+".type", "unsupported content part type %q (want text, image_url, input_audio, audio_url or video_url)", rp.Type)
+	return Part{}, BadRequest(path+".type", "unsupported content part type %q (want text, image_url, input_audio, audio_url, video_url or video)", rp.Type)
 }
 
 // ---- completions ----
