@@ -78,6 +78,12 @@ func (s *Service) bytesOf(ctx context.Context, m *openai.Media) ([]byte, error) 
 // encoder inputs, the exact token count and the cache key. An item given only by a uuid is
 // resolved through the uuid table (it must still be cached).
 func (s *Service) prepare(ctx context.Context, m *openai.Media, salt string) (*item, error) {
+	return s.prepareWith(ctx, m, salt, s.opts.Media, s.opts.MediaKey)
+}
+
+// prepareWith is prepare with other preprocessing options (mediaKey names them in the cache
+// key): the retry at reduced size uses it.
+func (s *Service) prepareWith(ctx context.Context, m *openai.Media, salt string, mo media.Options, mediaKey string) (*item, error) {
 	mod, err := modalityOf(m.Modality)
 	if err != nil {
 		return nil, itemError(m, err)
@@ -111,11 +117,11 @@ func (s *Service) prepare(ctx context.Context, m *openai.Media, salt string) (*i
 	var res *media.Result
 	switch mod {
 	case ModalityImage:
-		res, err = media.Image(data, preset, s.opts.Media)
+		res, err = media.Image(data, preset, mo)
 	case ModalityAudio:
-		res, err = media.Audio(ctx, data, preset, s.opts.Media)
+		res, err = media.Audio(ctx, data, preset, mo)
 	case ModalityVideo:
-		res, err = media.Video(ctx, data, frames, preset, s.opts.Media)
+		res, err = media.Video(ctx, data, frames, preset, mo)
 	}
 	if err != nil {
 		return nil, itemError(m, err)
@@ -130,7 +136,7 @@ func (s *Service) prepare(ctx context.Context, m *openai.Media, salt string) (*i
 		it.id = m.UUID
 	}
 	it.key = features.Key{Salt: salt, Content: content, Model: model.Name + "/" + model.Select().String(),
-		Preprocess: preset.Name + "/" + s.opts.MediaKey}
+		Preprocess: preset.Name + "/" + mediaKey}
 	if m.UUID != "" {
 		s.uuids.put(salt, m.UUID, knownItem{key: it.key, tokens: it.tokens, modality: mod})
 	}

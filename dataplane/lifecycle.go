@@ -204,6 +204,10 @@ func (r *request) drop(idx []int) error {
 			tokens = append(tokens, r.p.tokens[pos:min(pos+width, len(r.p.tokens))]...)
 			kept = append(kept, r.items[k])
 			keptMedia = append(keptMedia, r.p.media[k])
+		} else if it := r.items[k]; it != nil && it.rec != nil {
+			if err := r.fr.Drop(it.rec); err != nil {
+				return errorf(http.StatusInternalServerError, "server_error", it.src.Path, "%v", err)
+			}
 		}
 		pos += width
 		k++
@@ -276,7 +280,11 @@ func (r *request) encode(it *item, job *features.Job, pri encoderpool.Priority) 
 			out.Data, out.Rows = out.Data[row*rowBytes:(row+it.rows[i])*rowBytes], it.rows[i]
 		}
 		if err == nil {
-			err = s.pool.Submit(&encoderpool.Job{Model: it.model, Modality: it.modality.String(), Input: in, Out: out,
+			var model encoderpool.Model = it.model
+			if s.wrapModel != nil {
+				model = s.wrapModel(model)
+			}
+			err = s.pool.Submit(&encoderpool.Job{Model: model, Modality: it.modality.String(), Input: in, Out: out,
 				Tokens: it.rows[i], Priority: pri, Ctx: job.Context(), Done: done})
 		}
 		if err != nil {
@@ -398,6 +406,12 @@ func (r *request) await(ctx context.Context) error {
 			return errorf(http.StatusGatewayTimeout, "timeout_error", it.src.Path, "media not encoded within %v", r.s.opts.ItemTimeout)
 		}
 		if err := it.rec.Err(); err != nil {
+			if retried, rerr := r.retrySmaller(ctx, i, err); retried {
+				if rerr == nil {
+					continue
+				}
+				err = rerr
+			}
 			if !r.p.ext.TextFallback {
 				return errorf(http.StatusInternalServerError, "server_error", it.src.Path, "encoding %v failed: %v", it.modality, err)
 			}
@@ -412,6 +426,47 @@ func (r *request) await(ctx context.Context) error {
 		return err
 	}
 	return r.place()
+}
+
+// retrySmaller encodes a video again with half its frames when it failed for want of memory
+// (the encoder's scratch grows with the frames a batch holds; a ViT's input size is fixed, so
+// pictures cannot shrink). It reports whether it tried, and the retry's error.
+func (r *request) retrySmaller(ctx context.Context, i int, cause error) (bool, error) {
+	it := r.items[i]
+	if !errors.Is(cause, native.ErrNoMem) || it.modality != ModalityVideo || len(it.inputs) < 2 {
+		return false, nil
+	}
+	mo := r.s.opts.Media
+	mo.Video.MaxFrames = len(it.inputs) / 2
+	r.s.log.Warn("encoding a video again with half its frames", "request", r.id, "item", it.src.Path, "frames", mo.Video.MaxFrames, "cause", cause)
+	small, err := r.s.prepareWith(ctx, it.src, r.p.ext.CacheSalt, mo, fmt.Sprintf("%s/max-frames=%d", r.s.opts.MediaKey, mo.Video.MaxFrames))
+	if err != nil {
+		return true, err
+	}
+	rec, job, err := r.fr.Admit(ctx, features.Item{Key: small.key, MediaID: small.id, Modality: small.modality.String(),
+		Bytes: int64(small.tokens) * int64(r.s.models.Hidden) * int64(r.s.models.DType.Size())})
+	if err != nil {
+		return true, budgetError(err, it.src.Path)
+	}
+	small.rec, small.job = rec, job
+	if job != nil {
+		if err := r.encode(small, job, encoderpool.Interactive); err != nil {
+			return true, err
+		}
+	}
+	select {
+	case <-rec.Ready():
+	case <-ctx.Done():
+		return true, ctx.Err()
+	}
+	if err := rec.Err(); err != nil {
+		return true, err
+	}
+	if err := r.fr.Drop(it.rec); err != nil {
+		return true, err
+	}
+	r.items[i] = small
+	return true, r.place()
 }
 
 // merge writes the merged sequence into feature-store memory.

@@ -94,6 +94,8 @@ type Service struct {
 	active  sync.WaitGroup // requests in flight, for the drain
 	nextID  atomic.Uint64
 	prepSem chan struct{} // bounds concurrent media preprocessing to the CPU count
+	// wrapModel, set by tests, wraps the encoder a job runs on (fault injection).
+	wrapModel func(encoderpool.Model) encoderpool.Model
 }
 
 // NewService loads the models and the tokenizer and builds the pieces. Workers are added

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,12 +15,16 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/dataplane/encoder"
+	"dataplane/dataplane/encoderpool"
 	"dataplane/dataplane/worker"
+	"dataplane/native"
 	"dataplane/native/fixtures"
 )
 
@@ -322,4 +327,80 @@ func TestVideoAsPicturesAndConcurrency(t *testing.T) {
 		5*time.Second, 10*time.Millisecond, "every byte released")
 	_, metrics := get(t, d.base+"/metrics")
 	require.Contains(t, metrics, `dataplane_requests_total{endpoint="chat",outcome="ok"} 201`)
+}
+
+// oomModel fails any batch of more than maxInputs inputs as an allocation failure would.
+type oomModel struct {
+	encoderpool.Model
+	maxFrames int
+	calls     *atomic.Int32
+}
+
+func (m oomModel) Run(inputs []encoder.Input, outs []native.Matrix) error {
+	m.calls.Add(1)
+	if len(inputs) > m.maxFrames {
+		return fmt.Errorf("scratch for %d frames: %w", len(inputs), native.ErrNoMem)
+	}
+	return m.Model.Run(inputs, outs)
+}
+
+// A video whose encoding runs out of memory is encoded again with half its frames.
+func TestVideoRetriedSmallerOnNoMemory(t *testing.T) {
+	d := startDaemon(t, func(o *ServiceOptions) { o.Pool.MaxBatch = 64; o.Pool.MaxWait = 20 * time.Millisecond })
+	calls := &atomic.Int32{}
+	// A batch holds every frame of the video; the item-by-item rerun of a failed batch runs one
+	// frame at a time, so fail those too while the video is at full size (8 frames).
+	var fullSize atomic.Bool
+	fullSize.Store(true)
+	d.svc.wrapModel = func(m encoderpool.Model) encoderpool.Model {
+		limit := 4
+		if fullSize.Load() {
+			limit = 0
+		}
+		return oomModel{Model: m, maxFrames: limit, calls: calls}
+	}
+	png := dataURL(t, "image/png", "image_200x150.png")
+	jpg := dataURL(t, "image/jpeg", "image_200x150.jpg")
+	pictures := []string{png, jpg, png, jpg, png, jpg, png, jpg}
+	go func() {
+		// After the first attempt fails, let the smaller retry (4 frames) through.
+		require.Eventually(t, func() bool { return calls.Load() > 0 }, 10*time.Second, time.Millisecond)
+		fullSize.Store(false)
+	}()
+	code, out := d.post(t, "/v1/chat/completions", map[string]any{"max_tokens": 1, "messages": []any{map[string]any{"role": "user",
+		"content": []any{map[string]any{"type": "video", "video": pictures}}}}})
+	require.Equal(t, 200, code, "%v", out)
+	r := d.w.requests()[0]
+	require.Equal(t, 4*256, r.Media[0].End-r.Media[0].Start, "half the frames")
+}
+
+// failModel fails every batch.
+type failModel struct{ encoderpool.Model }
+
+func (failModel) Run([]encoder.Input, []native.Matrix) error { return errors.New("encoder fault") }
+
+// An item that fails to encode fails its request with a 500 naming it, unless the request
+// opted into text-only: then the item leaves the prompt and the rest goes on.
+func TestEncodeFailureAndTextFallback(t *testing.T) {
+	d := startDaemon(t, nil)
+	d.svc.wrapModel = func(m encoderpool.Model) encoderpool.Model { return failModel{m} }
+	body := map[string]any{"max_tokens": 1, "messages": []any{map[string]any{"role": "user", "content": []any{
+		map[string]any{"type": "text", "text": "describe"},
+		map[string]any{"type": "image_url", "image_url": map[string]any{"url": dataURL(t, "image/png", "image_200x150.png")}}}}}}
+	code, out := d.post(t, "/v1/chat/completions", body)
+	require.Equal(t, 500, code)
+	e := out["error"].(map[string]any)
+	require.Equal(t, "messages[0].content[1]", e["param"])
+	require.Contains(t, e["message"], "encoder fault")
+
+	body["text_fallback"] = true
+	code, out = d.post(t, "/v1/chat/completions", body)
+	require.Equal(t, 200, code, "%v", out)
+	r := d.w.requests()[0]
+	require.Empty(t, r.Media, "the image left the prompt")
+	for _, id := range r.TokenIDs {
+		require.NotEqual(t, d.svc.tok.ph.Image, id, "its placeholder too")
+	}
+	require.Eventually(t, func() bool { st := d.svc.store.Stats(); return st.Host.Used+st.Host.Reserved == 0 },
+		5*time.Second, 10*time.Millisecond)
 }

@@ -301,6 +301,35 @@ func (r *Request) AllocMerged(ctx context.Context, onDevice bool, n int64) (View
 	return p.view(a, n), nil
 }
 
+// Drop lets go of one item before the merge, as if the request had never admitted it (an item
+// the request leaves out after all: it failed and the client allowed text-only, or it is
+// replaced by a smaller encoding). Whatever only this request held of it is freed (an item
+// still ENCODING is freed when its encoder ends).
+func (r *Request) Drop(rec *Record) error {
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.phase != phaseOpen {
+		return r.phaseError("Drop", phaseOpen)
+	}
+	kept := r.holds[:0]
+	found := false
+	for _, h := range r.holds {
+		if h.rec == rec {
+			s.release(h, 0)
+			found = true
+			continue
+		}
+		kept = append(kept, h)
+	}
+	clear(r.holds[len(kept):])
+	r.holds = kept
+	if !found {
+		return fmt.Errorf("features: Drop: request %q does not hold record %d: %w", r.id, rec.id, ErrIllegalTransition)
+	}
+	return nil
+}
+
 // Merged records that the request's sequence has been merged: every item must be encoded
 // (an item still ENCODING or failed is an error, and nothing changes).
 func (r *Request) Merged() error {

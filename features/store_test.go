@@ -508,3 +508,26 @@ func TestCloseRefusesWhileInUse(t *testing.T) {
 	_, err := s.Begin("after", Policy{})
 	require.ErrorIs(t, err, ErrClosed)
 }
+
+// A request drops a failed item and goes on with the rest; dropping frees what it alone held.
+func TestDropAnItem(t *testing.T) {
+	s := newTestStore(t, 64, 0, nil)
+	r, _ := s.Begin("r", Policy{})
+	bad, badJob, _ := r.Admit(context.Background(), item("bad", 16*kib))
+	good, goodJob, _ := r.Admit(context.Background(), item("good", 16*kib))
+	require.NoError(t, badJob.Fail(errors.New("out of memory")))
+	require.NoError(t, goodJob.Complete(16*kib))
+	require.ErrorIs(t, r.Merged(), ErrEncodeFailed, "the failed item blocks the merge")
+	require.NoError(t, r.Drop(bad))
+	require.ErrorIs(t, r.Drop(bad), ErrIllegalTransition, "dropped already")
+	require.Equal(t, []*Record{good}, r.Records())
+
+	// Dropping an item still being encoded orphans it: freed when its encoder ends.
+	late, lateJob, _ := r.Admit(context.Background(), item("late", 16*kib))
+	require.NoError(t, r.Drop(late))
+	require.NoError(t, r.Merged())
+	require.ErrorIs(t, r.Drop(good), ErrIllegalTransition, "not after the merge")
+	require.NoError(t, r.Prefilled())
+	require.ErrorIs(t, lateJob.Complete(16*kib), ErrAbandoned)
+	requireEmpty(t, s)
+}
