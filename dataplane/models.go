@@ -30,9 +30,12 @@ type ModelOptions struct {
 	EmbeddingTensor string
 	DemoVocab       int // rows of the random table (the tokenizer's vocabulary size)
 	DemoHidden      int // the demo models' output width (the demo LLM's hidden size)
-	DType           native.DType
-	Threads         int
-	Seed            uint64
+	// DemoVision is the shape of the random demo vision tower (nil: a tiny CLIP at 224 px with
+	// 14-px patches); its projector always maps to DemoHidden.
+	DemoVision *native.EncoderConfig
+	DType      native.DType
+	Threads    int
+	Seed       uint64
 }
 
 // DefaultModelOptions: demo models 256 wide, bf16 features.
@@ -109,8 +112,11 @@ func loadVision(o ModelOptions) (*encoder.Model, error) {
 	// The demo: a small CLIP ViT at 224 px with 14-px patches (256 tokens without CLS) and a
 	// LLaVA projector to DemoHidden.
 	c := native.EncoderConfig{Arch: native.ArchCLIP, Hidden: 64, Intermediate: 256, Layers: 2, Heads: 4,
-		Act: native.ActQuickGELU, LNEps: 1e-5, ImageSize: 224, PatchSize: 14, Channels: 3,
-		ProjectorDim: o.DemoHidden, ProjectorAct: native.ActGELU}
+		Act: native.ActQuickGELU, LNEps: 1e-5, ImageSize: 224, PatchSize: 14, Channels: 3}
+	if o.DemoVision != nil {
+		c = *o.DemoVision
+	}
+	c.ProjectorDim, c.ProjectorAct = o.DemoHidden, native.ActGELU
 	return encoder.Random(c, o.Seed, &llavaSelect, o.Threads)
 }
 

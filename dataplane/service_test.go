@@ -78,7 +78,7 @@ type testDaemon struct {
 	base string
 }
 
-func startDaemon(t *testing.T, mutate func(*ServiceOptions)) *testDaemon {
+func startDaemon(t testing.TB, mutate func(*ServiceOptions)) *testDaemon {
 	t.Helper()
 	opts := DefaultServiceOptions()
 	opts.Features.Host.Capacity = 64 << 20
