@@ -118,8 +118,9 @@ func (s *Server) Registry() *prometheus.Registry { return s.registry }
 // Serve answers on ln until ctx is done, then stops accepting and waits up to
 // ShutdownTimeout for requests in flight. It returns nil after a clean drain.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	tracked := trackUnused(ln)
 	errc := make(chan error, 1)
-	go func() { errc <- s.http.Serve(ln) }()
+	go func() { errc <- s.http.Serve(tracked) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("http server: %w", err)
@@ -128,7 +129,27 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.log.Info("shutting down: draining requests in flight", "timeout", s.opts.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
 	defer cancel()
-	if err := s.http.ShutdownWithContext(sctx); err != nil {
+	// fasthttp closes the listener, then idle keep-alive connections; connections that never
+	// sent a byte are closed here, as often as new ones may still have slipped in.
+	stopClosing := make(chan struct{})
+	closing := make(chan struct{})
+	go func() {
+		defer close(closing)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			tracked.closeUnused()
+			select {
+			case <-stopClosing:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	err := s.http.ShutdownWithContext(sctx)
+	close(stopClosing)
+	<-closing
+	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {

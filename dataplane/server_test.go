@@ -101,3 +101,42 @@ func TestServerStopsOnCancel(t *testing.T) {
 	_, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second)
 	require.Error(t, err, "listener still open after shutdown")
 }
+
+// A client's spare connection that never sent a byte holds no request: shutdown closes it
+// at once instead of waiting for ReadTimeout (Go's http.Transport dials such connections
+// when many requests start together).
+func TestServerShutdownClosesUnusedConnections(t *testing.T) {
+	opts := DefaultOptions()
+	opts.ShutdownTimeout = 5 * time.Second
+	base, stop := startServer(t, opts)
+	addr := strings.TrimPrefix(base, "http://")
+	spare, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer spare.Close()
+	// A connection in the middle of a request is not cut: its response still arrives.
+	busy, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer busy.Close()
+	_, err = fmt.Fprint(busy, "GET /healthz HTTP/1.1\r\nHost: x\r\n")
+	require.NoError(t, err)
+	code, _ := get(t, base+"/healthz") // both connections are accepted by now
+	require.Equal(t, 200, code)
+
+	start := time.Now()
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stop() }()
+	time.Sleep(300 * time.Millisecond)
+	_, err = fmt.Fprint(busy, "\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode)
+	select {
+	case <-stopped:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	require.Less(t, time.Since(start), 3*time.Second, "shutdown waited on a connection with no request")
+	_, err = spare.Read(make([]byte, 1))
+	require.Error(t, err, "the unused connection was closed")
+}
