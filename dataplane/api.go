@@ -264,8 +264,10 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUs
 		defer stopWatch()
 		var text strings.Builder
 		var done worker.Event
+		completion := 0
 		for ev := range g.Events {
 			text.WriteString(ev.Text)
+			completion += ev.Tokens
 			if ev.Done {
 				done = ev
 			}
@@ -274,7 +276,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUs
 			writeAPIError(ctx, generationError(reqCtx, done))
 			return
 		}
-		writeJSON(ctx, f.whole(g, text.String(), done.FinishReason, usage(g, done, text.Len())))
+		writeJSON(ctx, f.whole(g, text.String(), done.FinishReason, usage(g, done, completion)))
 		return
 	}
 	stopWatch() // the stream's writes notice a client that left

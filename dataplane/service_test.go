@@ -146,6 +146,7 @@ func TestChatWithImageAndAudio(t *testing.T) {
 	require.Equal(t, "tok0 tok1 tok2 ", choice["message"].(map[string]any)["content"])
 	require.Equal(t, "length", choice["finish_reason"])
 	usage := out["usage"].(map[string]any)
+	require.Equal(t, float64(3), usage["completion_tokens"], "tokens, not bytes of text")
 
 	reqs := d.w.requests()
 	require.Len(t, reqs, 1)
