@@ -4,92 +4,17 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"image"
 	"image/png"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"dataplane/native"
 )
-
-// BenchmarkTextOnlyPath: text-only completions through the whole daemon (parse, tokenize,
-// route, an instant in-process worker, the JSON answer) beside a fasthttp hello-world server
-// driven by the same client in the same loop. Reports both throughputs (x-hello: the daemon's
-// over hello-world's) and the p99 latency the daemon adds. Goal: >= 20k req/s and <= 1 ms
-// added p99 on 2 cores (client and server share them here).
-func BenchmarkTextOnlyPath(b *testing.B) {
-	d := startDaemon(b, nil)
-	hello := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"ok":true}`)
-	}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go hello.Serve(ln)     //nolint:errcheck
-	defer hello.Shutdown() //nolint:errcheck
-
-	body := []byte(`{"prompt":"The quick brown fox jumps over the lazy dog.","max_tokens":1}`)
-	const clients, perRound = 32, 4000
-	client := &fasthttp.Client{MaxConnsPerHost: clients}
-	round := func(url string) (time.Duration, []time.Duration) {
-		lat := make([]time.Duration, perRound)
-		var wg sync.WaitGroup
-		start := time.Now()
-		for c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-				defer fasthttp.ReleaseRequest(req)
-				defer fasthttp.ReleaseResponse(resp)
-				for i := c; i < perRound; i += clients {
-					req.SetRequestURI(url)
-					req.Header.SetMethod("POST")
-					req.SetBody(body)
-					t0 := time.Now()
-					if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-						panic(fmt.Sprintf("%s: %v %d %s", url, err, resp.StatusCode(), resp.Body()))
-					}
-					lat[i] = time.Since(t0)
-				}
-			}()
-		}
-		wg.Wait()
-		return time.Since(start), lat
-	}
-	var daemonTime, helloTime time.Duration
-	var daemonLat, helloLat []time.Duration
-	for b.Loop() {
-		t, l := round(d.base + "/v1/completions")
-		daemonTime += t
-		daemonLat = append(daemonLat, l...)
-		t, l = round("http://" + ln.Addr().String() + "/")
-		helloTime += t
-		helloLat = append(helloLat, l...)
-	}
-	p := func(l []time.Duration, q float64) time.Duration {
-		slices.Sort(l)
-		return l[int(q*float64(len(l)-1))]
-	}
-	n := float64(b.N * perRound)
-	b.ReportMetric(n/daemonTime.Seconds(), "req/s")
-	b.ReportMetric(n/helloTime.Seconds(), "hello-req/s")
-	b.ReportMetric(helloTime.Seconds()/daemonTime.Seconds(), "x-hello")
-	b.ReportMetric(float64(p(daemonLat, 0.5).Microseconds()), "p50-us")
-	b.ReportMetric(float64(p(daemonLat, 0.99).Microseconds()), "p99-us")
-	b.ReportMetric(float64((p(daemonLat, 0.99) - p(helloLat, 0.99)).Microseconds()), "added-p99-us")
-}
 
 // BenchmarkMultimodalPath: requests with one image each (distinct pictures, so no reuse)
 // through a ViT-S/14-sized random vision tower, with encoder batches of 1 and of up to 8;

@@ -10,10 +10,12 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"dataplane/bench/mocker"
 	"dataplane/cuda"
 	"dataplane/dataplane"
 	"dataplane/dataplane/worker"
@@ -30,6 +32,7 @@ func init() {
 // serveFlags holds what serve's flags set beyond the server and service options.
 type serveFlags struct {
 	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay string
+	mockSpeedup                                              float64
 }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
@@ -72,7 +75,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&to.VideoToken, "video-token", "", "video placeholder token (default: <|video_pad|>, <video>)")
 	fs.StringVar(&to.AudioToken, "audio-token", "", "audio placeholder token (default: <|AUDIO|>, <|audio_pad|>, <audio>)")
 	// Workers and routing.
-	fs.StringVar(&sf.workers, "workers", "", "LLM workers: http://host:port,... (OpenAI-compatible engines such as vLLM)")
+	fs.StringVar(&sf.workers, "workers", "mock:4", "LLM workers: mock:N (in-process mock engines) or http://host:port,... (OpenAI-compatible engines such as vLLM)")
+	fs.Float64Var(&sf.mockSpeedup, "mock-speedup", 1, "mock engines' time runs this many times faster than wall time (--workers mock:N)")
 	fs.StringVar(&sf.kvEvents, "kv-events", "", "the workers' vLLM KV-event publishers, same order: tcp://host:5557,...")
 	fs.StringVar(&sf.kvReplay, "kv-replay", "", "their replay endpoints, same order: tcp://host:5558,...")
 	fs.IntVar(&so.Router.BlockSize, "block-size", so.Router.BlockSize, "the engines' KV block size")
@@ -122,6 +126,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if mo.DType, err = native.ParseDType(sf.dtype); err != nil {
 		return usageErr("--dtype: %v", err)
 	}
+	plan, err := planWorkers(sf)
+	if err != nil {
+		return usageErr("%v", err)
+	}
 	so.Fetch.MaxBytes = so.MaxMediaBytes
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	so.Log = log
@@ -152,12 +160,15 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	m := svc.Models()
 	log.Info("models", "name", m.Name, "vision", m.Vision.Name, "vision_preset", m.VisionPreset.Name,
 		"audio", audioName(m), "hidden", m.Hidden, "vocab", svc.Tokenizer().VocabSize())
-	subs, err := addWorkers(ctx, svc, sf, log)
+	subs, err := addWorkers(ctx, svc, plan, so.Router.BlockSize, log)
 	if err != nil {
 		svc.Close(context.Background()) //nolint:errcheck
 		return err
 	}
 	srv.Attach(svc)
+	if m.Vision != nil {
+		fmt.Fprintf(stderr, "try it:\n%s\n", tryCurl(ln.Addr(), m.Name))
+	}
 	err = srv.Serve(ctx, ln)
 	subs()
 	cctx, cancel := context.WithTimeout(context.Background(), opts.ShutdownTimeout)
@@ -178,25 +189,64 @@ func audioName(m *dataplane.Models) string {
 	return m.Audio.Name + " (" + m.AudioPreset.Name + ")"
 }
 
+// workerPlan is what --workers, --kv-events and --kv-replay ask for, checked before any
+// model loads.
+type workerPlan struct {
+	mock            int      // in-process mock engines (mock:N); 0: none
+	mockSpeedup     float64  // their clock
+	urls            []string // OpenAI-compatible engines
+	events, replays []string // the engines' KV-event and replay endpoints, same order
+}
+
+func planWorkers(sf serveFlags) (workerPlan, error) {
+	p := workerPlan{urls: splitList(sf.workers), events: splitList(sf.kvEvents), replays: splitList(sf.kvReplay), mockSpeedup: sf.mockSpeedup}
+	if len(p.urls) == 0 {
+		return p, fmt.Errorf("--workers: none given (want mock:N or http://host:port,...)")
+	}
+	if n, ok := strings.CutPrefix(p.urls[0], "mock:"); ok {
+		count, err := strconv.Atoi(n)
+		switch {
+		case len(p.urls) > 1:
+			return p, fmt.Errorf("--workers: mock:N stands alone (got %q)", sf.workers)
+		case err != nil || count < 1 || count > 100000:
+			return p, fmt.Errorf("--workers: %q (want mock:N with 1 <= N <= 100000)", p.urls[0])
+		case sf.mockSpeedup <= 0:
+			return p, fmt.Errorf("--mock-speedup: %v (want > 0)", sf.mockSpeedup)
+		case len(p.events) > 0:
+			return p, fmt.Errorf("--kv-events: mock engines feed the router in-process; the flag is for http:// workers")
+		}
+		p.mock, p.urls = count, nil
+		return p, nil
+	}
+	for _, u := range p.urls {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return p, fmt.Errorf("--workers: %q (want mock:N or http://host:port)", u)
+		}
+	}
+	if len(p.events) > 0 && len(p.events) != len(p.urls) {
+		return p, fmt.Errorf("--kv-events lists %d endpoints for %d workers", len(p.events), len(p.urls))
+	}
+	if len(p.replays) > 0 && len(p.replays) != len(p.events) {
+		return p, fmt.Errorf("--kv-replay lists %d endpoints for %d --kv-events", len(p.replays), len(p.events))
+	}
+	return p, nil
+}
+
 // addWorkers builds the LLM workers and subscribes to their KV events; the returned function
-// stops the subscriptions.
-func addWorkers(ctx context.Context, svc *dataplane.Service, sf serveFlags, log *slog.Logger) (func(), error) {
-	workers, events, replays := splitList(sf.workers), splitList(sf.kvEvents), splitList(sf.kvReplay)
-	if len(events) > 0 && len(events) != len(workers) {
-		return nil, fmt.Errorf("--kv-events lists %d endpoints for %d workers", len(events), len(workers))
-	}
-	if len(replays) > 0 && len(replays) != len(events) {
-		return nil, fmt.Errorf("--kv-replay lists %d endpoints for %d --kv-events", len(replays), len(events))
-	}
+// stops the subscriptions (and the mock fleet).
+func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, blockSize int, log *slog.Logger) (func(), error) {
 	subCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	stop := func() { cancel(); wg.Wait() }
-	for i, spec := range workers {
-		if !strings.HasPrefix(spec, "http://") && !strings.HasPrefix(spec, "https://") {
+	if p.mock > 0 {
+		if err := addMockFleet(subCtx, &wg, svc, p.mock, blockSize, p.mockSpeedup, log); err != nil {
 			stop()
-			return nil, fmt.Errorf("--workers: %q (want http://host:port)", spec)
+			return nil, err
 		}
-		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: spec, Embeds: true})
+		return stop, nil
+	}
+	for i, url := range p.urls {
+		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Embeds: true})
 		if err != nil {
 			stop()
 			return nil, err
@@ -206,13 +256,13 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, sf serveFlags, log 
 			stop()
 			return nil, err
 		}
-		if i >= len(events) {
+		if i >= len(p.events) {
 			log.Warn("no KV events for a worker: routing sees its load but not its cache", "worker", w.Name())
 			continue
 		}
-		zo := router.DefaultZMQOptions(events[i], "")
-		if i < len(replays) {
-			zo.Replay = replays[i]
+		zo := router.DefaultZMQOptions(p.events[i], "")
+		if i < len(p.replays) {
+			zo.Replay = p.replays[i]
 		}
 		wg.Add(1)
 		go func() {
@@ -263,4 +313,37 @@ func selectBackend(ctx context.Context, explicit string, log *slog.Logger) backe
 		log.Debug("no GPU metrics", "reason", err)
 	}
 	return choice
+}
+
+// addMockFleet runs n in-process mock engines (bench/mocker, Dynamo's perf model, real time)
+// as the daemon's LLM workers; their KV events, in vLLM's wire format, go straight to the
+// router's engines.
+func addMockFleet(ctx context.Context, wg *sync.WaitGroup, svc *dataplane.Service, n, blockSize int, speedup float64, log *slog.Logger) error {
+	feeds := map[string]*router.Engine{}
+	fo := mocker.DefaultFleetOptions()
+	fo.Engines = n
+	fo.Engine.BlockSize = blockSize
+	fo.Engine.Vocab = svc.Tokenizer().VocabSize()
+	fo.Clock.Speedup = speedup
+	fo.Publisher = mocker.FeedRouter(feeds)
+	fleet, err := mocker.NewFleet(fo)
+	if err != nil {
+		return err
+	}
+	for _, w := range fleet.Workers() {
+		engine, err := svc.AddWorker(w)
+		if err != nil {
+			return err
+		}
+		feeds[w.Name()] = engine
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := fleet.Run(ctx); err != nil && ctx.Err() == nil {
+			log.Error("mock fleet stopped", "err", err)
+		}
+	}()
+	log.Info("LLM workers: in-process mock fleet", "engines", n, "block_size", blockSize, "speedup", speedup)
+	return nil
 }

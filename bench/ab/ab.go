@@ -1,0 +1,317 @@
+// Package ab replays one trace against a fleet of mock engines under several routing policies
+// (and encoding modes) in virtual time, and reports each run's latencies side by side: the same
+// requests, the same engines, one thing changed.
+package ab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"dataplane/bench/mocker"
+	"dataplane/bench/synth"
+	"dataplane/router"
+)
+
+// Policies the harness knows.
+const (
+	RoundRobin = "round-robin"
+	Random     = "random"
+	KVAware    = "kv" // router.Router: KV-event-fed index + slot tracker, Dynamo's cost
+)
+
+// Encoding modes: how requests with media wait for their encoder before they are routed.
+const (
+	EncodeNone  = "none"  // media cost nothing (the text-only baseline)
+	EncodeSync  = "sync"  // one front-end queue encodes every request's media in arrival order: text waits behind media
+	EncodeAsync = "async" // media go to an encoder pool; text-only requests are routed at once
+)
+
+// Encoder is the encode backend the encoding modes run against: how long items take to encode
+// once a slot starts them. SimEncoder models one; the daemon's encoder pool (its ETA) is the
+// real one to plug in.
+type Encoder interface {
+	Encode(items []synth.Media) time.Duration
+	Slots() int // items encoded at once (async mode's pool width)
+}
+
+// SimEncoder costs PerToken for every media token (default: CLIP ViT-L/14 @336 at batch 1 on
+// an A100, 5.36 ms per 577 tokens, from FasterTransformer) with Workers slots.
+type SimEncoder struct {
+	PerToken time.Duration
+	Workers  int
+}
+
+// DefaultSimEncoder is about one A100's ViT-L at batch 1, two encodes at once.
+func DefaultSimEncoder() SimEncoder {
+	return SimEncoder{PerToken: 5360 * time.Microsecond / 577, Workers: 2}
+}
+
+func (s SimEncoder) Encode(items []synth.Media) time.Duration {
+	n := 0
+	for _, m := range items {
+		n += m.Tokens
+	}
+	return time.Duration(n) * s.PerToken
+}
+
+func (s SimEncoder) Slots() int { return max(s.Workers, 1) }
+
+// Options configure a comparison. DefaultOptions has the defaults.
+type Options struct {
+	Engines   int            // mock engines; 4
+	Engine    mocker.Options // each engine; DefaultOptions with 512-token blocks (Mooncake's), 2,048 blocks (1M tokens)
+	Policies  []string       // run in order; round-robin, random, kv
+	Encodings []string       // none
+	Encoder   Encoder        // DefaultSimEncoder
+	Router    router.Options // for kv; DefaultOptions with the engines' block size
+	Vocab     int            // token ids in synthesized prompts; 32,000
+	Seed      uint64         // engines' and the random policy's; 0: random
+}
+
+// DefaultOptions: 4 engines as above, the three policies, no encoding.
+func DefaultOptions() Options {
+	e := mocker.DefaultOptions()
+	e.BlockSize, e.Blocks = 512, 2048
+	r := router.DefaultOptions()
+	r.BlockSize = e.BlockSize
+	return Options{Engines: 4, Engine: e, Policies: []string{RoundRobin, Random, KVAware}, Encodings: []string{EncodeNone},
+		Encoder: DefaultSimEncoder(), Router: r, Vocab: 32000}
+}
+
+// Latency summarises one metric in milliseconds.
+type Latency struct{ P50, P90, P99, Mean float64 }
+
+// Result is one run.
+type Result struct {
+	Policy, Encoding  string
+	Requests          int
+	Rejected          int     // requests an engine refused (queue full, too long for its cache)
+	TTFT, ITL, E2E    Latency // ms; TTFT and E2E from arrival, encode wait included
+	CacheHit          float64 // prompt tokens the engines found cached / prompt tokens
+	OutputTokensPerS  float64 // generated tokens / makespan
+	Preemptions       int64
+	Makespan          time.Duration // first arrival to last token
+	PerRequestTTFT    []float64     // ms, in trace order (NaN for rejected)
+	SimulatedDuration time.Duration
+}
+
+// ErrOptions names an unusable option.
+type ErrOptions struct{ Field, Problem string }
+
+func (e *ErrOptions) Error() string { return "ab: " + e.Field + " " + e.Problem }
+
+// Run replays recs once per (policy, encoding), in that nesting order.
+func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, error) {
+	if opts.Engines <= 0 {
+		return nil, &ErrOptions{"Engines", fmt.Sprintf("%d: must be positive", opts.Engines)}
+	}
+	if opts.Router.BlockSize != opts.Engine.BlockSize {
+		return nil, &ErrOptions{"Router.BlockSize", fmt.Sprintf("%d differs from the engines' %d: nothing would match", opts.Router.BlockSize, opts.Engine.BlockSize)}
+	}
+	if len(recs) == 0 {
+		return nil, &ErrOptions{"trace", "is empty"}
+	}
+	for _, p := range opts.Policies {
+		if p != RoundRobin && p != Random && p != KVAware {
+			return nil, &ErrOptions{"Policies", fmt.Sprintf("%q (want %s, %s or %s)", p, RoundRobin, Random, KVAware)}
+		}
+	}
+	for _, e := range opts.Encodings {
+		if e != EncodeNone && e != EncodeSync && e != EncodeAsync {
+			return nil, &ErrOptions{"Encodings", fmt.Sprintf("%q (want %s, %s or %s)", e, EncodeNone, EncodeSync, EncodeAsync)}
+		}
+	}
+	seed := opts.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	prompts := make([]prompt, len(recs))
+	for i := range recs {
+		toks, spans := synth.PromptTokens(&recs[i], opts.Engine.BlockSize, opts.Vocab)
+		p := prompt{rec: &recs[i], tokens: make([]uint32, len(toks))}
+		for j, t := range toks {
+			p.tokens[j] = uint32(t)
+		}
+		for _, s := range spans {
+			p.media = append(p.media, router.Media{Hash: router.MediaHash(s.ID), Offset: s.Start, Length: s.End - s.Start})
+			p.mediaIDs = append(p.mediaIDs, s.ID)
+		}
+		prompts[i] = p
+	}
+	var out []Result
+	for _, pol := range opts.Policies {
+		for _, enc := range opts.Encodings {
+			res, err := runOne(ctx, prompts, opts, pol, enc, seed)
+			if err != nil {
+				return out, err
+			}
+			out = append(out, res)
+		}
+	}
+	return out, nil
+}
+
+type prompt struct {
+	rec      *synth.Record
+	tokens   []uint32
+	media    []router.Media
+	mediaIDs []string
+}
+
+// reqState records one request's timeline (engine time).
+type reqState struct {
+	arrival, first, last time.Duration
+	gaps                 []float64
+	cached, promptToks   int
+	done, rejected       bool
+}
+
+func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encoding string, seed uint64) (Result, error) {
+	rt, err := router.New(opts.Router)
+	if err != nil {
+		return Result{}, err
+	}
+	feeds := map[string]*router.Engine{}
+	fo := mocker.FleetOptions{Engines: opts.Engines, Prefix: "engine-", Engine: opts.Engine, Clock: mocker.Clock{Virtual: true}}
+	fo.Engine.Seed = seed
+	if policy == KVAware {
+		fo.Publisher = mocker.FeedRouter(feeds)
+	}
+	fleet, err := mocker.NewFleet(fo)
+	if err != nil {
+		return Result{}, err
+	}
+	index := map[string]int{}
+	for i := range fleet.Len() {
+		name := fleet.Engine(i).Name()
+		index[name] = i
+		if feeds[name], err = rt.AddWorker(name); err != nil {
+			return Result{}, err
+		}
+		if err := rt.SetCapacity(name, int64(opts.Engine.Blocks)); err != nil {
+			return Result{}, err
+		}
+	}
+	loop := fleet.Loop(0)
+	states := make([]reqState, len(prompts))
+	rnd := rand.New(rand.NewPCG(seed, 0xab))
+	next := 0
+	var decision router.Decision
+	epoch := time.Unix(0, 0)
+	// route sends request i to an engine (at the loop's time now).
+	route := func(i int, now time.Duration) {
+		p := &prompts[i]
+		st := &states[i]
+		id := strconv.Itoa(i)
+		var eng int
+		switch policy {
+		case RoundRobin:
+			eng, next = next, (next+1)%fleet.Len()
+		case Random:
+			eng = rnd.IntN(fleet.Len())
+		case KVAware:
+			if err := rt.Decide(router.Request{Tokens: p.tokens, Media: p.media}, &decision); err != nil {
+				st.rejected = true
+				return
+			}
+			eng = index[decision.Worker]
+			_ = rt.Start(id, decision, decision.Worker, epoch.Add(now))
+		}
+		req := &mocker.Request{ID: id, Tokens: p.tokens, Media: p.media, MediaIDs: p.mediaIDs, MaxTokens: max(p.rec.OutputLength, 1)}
+		req.Sink = func(o mocker.Output) {
+			if o.First {
+				st.first = o.At
+				if policy == KVAware {
+					rt.FirstToken(id)
+				}
+			} else if !o.Done || o.Err == nil {
+				st.gaps = append(st.gaps, float64(o.At-st.last)/1e6)
+			}
+			st.last = o.At
+			if o.Done {
+				st.done, st.cached, st.promptToks = true, o.CachedTokens, o.PromptTokens
+				if policy == KVAware {
+					rt.Finish(id)
+				}
+			}
+		}
+		if err := fleet.SubmitAt(eng, req, now); err != nil {
+			st.rejected = true
+			if policy == KVAware {
+				rt.Finish(id)
+			}
+		}
+	}
+	// Arrivals, through the encoding mode.
+	frontFree := time.Duration(0)                        // sync: when the front-end encoder is next free
+	slots := make([]time.Duration, opts.Encoder.Slots()) // async: when each encoder slot is next free
+	for i := range prompts {
+		p := &prompts[i]
+		at := time.Duration(p.rec.Timestamp * float64(time.Millisecond))
+		states[i].arrival = at
+		ready := at
+		switch {
+		case encoding == EncodeSync:
+			ready = max(at, frontFree) + opts.Encoder.Encode(p.rec.Media)
+			frontFree = ready
+		case encoding == EncodeAsync && len(p.rec.Media) > 0:
+			s := slices.Index(slots, slices.Min(slots))
+			ready = max(at, slots[s]) + opts.Encoder.Encode(p.rec.Media)
+			slots[s] = ready
+		}
+		loop.At(ready, func(now time.Duration) { route(i, now) })
+	}
+	if err := fleet.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	res := Result{Policy: policy, Encoding: encoding, Requests: len(prompts)}
+	var ttft, itl, e2e []float64
+	cached, total, tokens := 0, 0, 0
+	first, last := states[0].arrival, time.Duration(0)
+	for i := range states {
+		st := &states[i]
+		if st.rejected || !st.done {
+			res.Rejected++
+			res.PerRequestTTFT = append(res.PerRequestTTFT, nanF())
+			continue
+		}
+		t := float64(st.first-st.arrival) / 1e6
+		ttft = append(ttft, t)
+		res.PerRequestTTFT = append(res.PerRequestTTFT, t)
+		e2e = append(e2e, float64(st.last-st.arrival)/1e6)
+		itl = append(itl, st.gaps...)
+		cached += st.cached
+		total += st.promptToks
+		tokens += prompts[i].rec.OutputLength
+		last = max(last, st.last)
+	}
+	res.TTFT, res.ITL, res.E2E = summarize(ttft), summarize(itl), summarize(e2e)
+	if total > 0 {
+		res.CacheHit = float64(cached) / float64(total)
+	}
+	res.Makespan = last - first
+	if res.Makespan > 0 {
+		res.OutputTokensPerS = float64(tokens) / res.Makespan.Seconds()
+	}
+	for i := range fleet.Len() {
+		res.Preemptions += fleet.Engine(i).Stats().Preemptions
+	}
+	res.SimulatedDuration = last
+	return res, nil
+}
+
+func nanF() float64 { return math.NaN() }
+
+func summarize(v []float64) Latency {
+	s := synth.Summarize(v)
+	return Latency{P50: s.P50, P90: s.P90, P99: s.P99, Mean: s.Mean}
+}

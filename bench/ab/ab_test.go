@@ -1,0 +1,106 @@
+package ab
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"dataplane/bench/synth"
+)
+
+func synthesized(t *testing.T, requests int, k synth.Knobs) []synth.Record {
+	t.Helper()
+	f, err := os.Open("../../../shared/traces/mooncake_synthetic_trace.jsonl")
+	if os.IsNotExist(err) {
+		t.Skip("../shared/traces not here")
+	}
+	require.NoError(t, err)
+	defer f.Close()
+	recs, err := synth.ReadTrace(f, synth.DefaultLimits())
+	require.NoError(t, err)
+	tree, err := synth.BuildTree(recs, 512)
+	require.NoError(t, err)
+	k.Requests = requests
+	if k.Seed == 0 {
+		k.Seed = rand.Uint64()
+	}
+	t.Logf("synth seed %d", k.Seed)
+	out, err := synth.Synthesize(tree, k)
+	require.NoError(t, err)
+	return out
+}
+
+// On a trace synthesized from Mooncake's synthetic workload, KV-aware routing finds more of the
+// shared prefixes than round-robin and the first tokens come sooner; runs are deterministic.
+func TestKVAwareBeatsRoundRobin(t *testing.T) {
+	k := synth.DefaultKnobs()
+	recs := synthesized(t, 400, k)
+	opts := DefaultOptions()
+	opts.Seed = rand.Uint64()
+	opts.Policies = []string{RoundRobin, Random, KVAware}
+	res, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	require.Len(t, res, 3)
+	rr, rnd, kv := res[0], res[1], res[2]
+	for _, r := range res {
+		t.Logf("%-11s TTFT p50 %7.0f p99 %7.0f ms, cache hit %.3f, %d rejected", r.Policy, r.TTFT.P50, r.TTFT.P99, r.CacheHit, r.Rejected)
+		require.Zero(t, r.Rejected)
+		require.Len(t, r.PerRequestTTFT, len(recs))
+	}
+	require.Greater(t, kv.CacheHit, rr.CacheHit)
+	require.Greater(t, kv.CacheHit, rnd.CacheHit)
+	require.Less(t, kv.TTFT.P50, rr.TTFT.P50)
+	again, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	require.Equal(t, res, again, "virtual time: the same answer every run")
+}
+
+// Synchronous encoding makes text-only requests wait behind media; asynchronous encoding does
+// not: their first tokens come no later.
+func TestEncodingModes(t *testing.T) {
+	k := synth.DefaultKnobs()
+	k.ImageShare = 0.4
+	recs := synthesized(t, 200, k)
+	opts := DefaultOptions()
+	opts.Seed = 1
+	opts.Policies = []string{RoundRobin}
+	opts.Encodings = []string{EncodeNone, EncodeSync, EncodeAsync}
+	opts.Encoder = SimEncoder{PerToken: DefaultSimEncoder().PerToken * 100, Workers: 2} // a slow encoder makes the queueing visible
+	res, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	none, sync, async := res[0], res[1], res[2]
+	var textSync, textAsync []float64
+	for i, r := range recs {
+		if len(r.Media) == 0 {
+			textSync = append(textSync, sync.PerRequestTTFT[i])
+			textAsync = append(textAsync, async.PerRequestTTFT[i])
+		}
+	}
+	require.NotEmpty(t, textSync)
+	s, a := synth.Summarize(textSync), synth.Summarize(textAsync)
+	t.Logf("TTFT mean: none %.0f, sync %.0f, async %.0f ms; text-only requests: sync %.0f, async %.0f ms", none.TTFT.Mean, sync.TTFT.Mean, async.TTFT.Mean, s.Mean, a.Mean)
+	require.Greater(t, s.Mean, 1.2*a.Mean, "text-only requests wait behind media only when encoding is synchronous")
+	require.Greater(t, sync.TTFT.Mean, async.TTFT.Mean)
+	require.Greater(t, sync.TTFT.Mean, none.TTFT.Mean)
+}
+
+// Options that cannot work are errors naming the field.
+func TestOptionErrors(t *testing.T) {
+	recs := []synth.Record{{InputLength: 10, OutputLength: 2, HashIDs: []int64{1}}}
+	o := DefaultOptions()
+	o.Policies = []string{"smart"}
+	_, err := Run(context.Background(), recs, o)
+	var oe *ErrOptions
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "Policies", oe.Field)
+	o = DefaultOptions()
+	o.Router.BlockSize = 16
+	_, err = Run(context.Background(), recs, o)
+	require.ErrorAs(t, err, &oe)
+	res, err := Run(context.Background(), recs, DefaultOptions())
+	require.NoError(t, err)
+	require.Equal(t, 3, len(res))
+}

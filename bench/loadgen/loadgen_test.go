@@ -1,0 +1,133 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"dataplane/bench/mocker"
+	"dataplane/bench/synth"
+)
+
+// runFleet runs a real-time mock fleet (20× speed) until the test ends.
+func runFleet(t *testing.T, engines, loops int) (*mocker.Fleet, context.Context) {
+	fo := mocker.DefaultFleetOptions()
+	fo.Engines, fo.Clock, fo.Loops = engines, mocker.Clock{Speedup: 20}, loops
+	f, err := mocker.NewFleet(fo)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = f.Run(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return f, ctx
+}
+
+// A small trace against two mock engines over HTTP on loopback: every request completes with
+// its output length, TTFT and ITLs are measured, and the CSV and charts are written.
+func TestLoadgenAgainstMockFleet(t *testing.T) {
+	f, _ := runFleet(t, 2, 1)
+	srv := httptest.NewServer(mocker.NewServer(f, mocker.DefaultServerOptions()))
+	defer srv.Close()
+
+	var recs []synth.Record
+	for i := range 24 {
+		recs = append(recs, synth.Record{Timestamp: float64(i * 40), InputLength: 700, OutputLength: 3 + i%5, HashIDs: []int64{0, int64(i + 1)}})
+	}
+	recs[3].Media = []synth.Media{{Modality: "image", ID: "cat", Offset: 512, Tokens: 100}}
+	opts := DefaultOptions()
+	opts.Endpoints = []string{srv.URL + "/engines/0", srv.URL + "/engines/1/"}
+	opts.Speedup = 4
+	var progress bytes.Buffer
+	opts.Progress = &progress
+	rep, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	for i, s := range rep.Samples {
+		require.Empty(t, s.Err, "request %d", i)
+		require.Equal(t, recs[i].OutputLength, s.OutputTokens)
+		require.Positive(t, s.TTFT)
+		require.GreaterOrEqual(t, s.E2E, s.TTFT)
+		require.Len(t, s.ITL, s.OutputTokens-1)
+		require.InDelta(t, float64(recs[i].Timestamp)/4, float64(s.Scheduled.Milliseconds()), 1)
+	}
+	sum := rep.Summarize()
+	require.Equal(t, 24, sum.Completed)
+	require.Positive(t, sum.CacheHit, "block 0 (512 tokens) is shared: later requests hit it")
+	t.Log("\n" + sum.String())
+	require.Contains(t, progress.String(), "24/24")
+
+	var buf bytes.Buffer
+	require.NoError(t, rep.WriteCSV(&buf))
+	rows, err := csv.NewReader(&buf).ReadAll()
+	require.NoError(t, err)
+	require.Len(t, rows, 25)
+	require.Equal(t, "ttft_ms", rows[0][4])
+	dir := t.TempDir()
+	require.NoError(t, rep.WriteCharts(dir, "test"))
+	for _, name := range []string{"ttft_cdf.png", "latency_over_time.png"} {
+		st, err := os.Stat(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.Positive(t, st.Size())
+	}
+}
+
+// Past the in-flight limit requests are skipped, not delayed; failures are recorded with the
+// engine's message.
+func TestLoadgenSkipsAndErrors(t *testing.T) {
+	block := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bad/v1/completions" {
+			http.Error(w, `{"error": {"message": "no"}}`, 400)
+			return
+		}
+		<-block
+	}))
+	defer srv.Close()
+	recs := []synth.Record{{InputLength: 5, OutputLength: 1, HashIDs: []int64{1}}, {InputLength: 5, OutputLength: 1, HashIDs: []int64{1}}, {Timestamp: 1, InputLength: 5, OutputLength: 1, HashIDs: []int64{1}}}
+	opts := DefaultOptions()
+	opts.Endpoints = []string{srv.URL + "/bad", srv.URL}
+	opts.MaxInFlight = 1
+	opts.Timeout = time.Second
+	go func() { time.Sleep(200 * time.Millisecond); close(block) }()
+	rep, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	sum := rep.Summarize()
+	require.Equal(t, 3, sum.Requests)
+	require.Positive(t, sum.Failed)
+	require.Contains(t, rep.Samples[0].Err, "400")
+
+	_, err = Run(context.Background(), recs, Options{Endpoints: []string{"ftp://x"}, Speedup: 1, MaxInFlight: 1})
+	var oe *ErrOptions
+	require.ErrorAs(t, err, &oe)
+}
+
+// The in-process load generator drives a real-time fleet directly: every request completes
+// with its output length, and the shared first block is a cache hit for later requests.
+func TestInProcess(t *testing.T) {
+	f, ctx := runFleet(t, 8, 2)
+	var recs []synth.Record
+	for i := range 64 {
+		recs = append(recs, synth.Record{Timestamp: float64(i * 10), InputLength: 600, OutputLength: 1 + i%7, HashIDs: []int64{0, int64(i + 1)}})
+	}
+	opts := DefaultOptions()
+	opts.Speedup = 4
+	rep, err := RunInProcess(ctx, f, recs, opts)
+	require.NoError(t, err)
+	for i, s := range rep.Samples {
+		require.Empty(t, s.Err)
+		require.Equal(t, recs[i].OutputLength, s.OutputTokens)
+		require.Positive(t, s.TTFT)
+	}
+	sum := rep.Summarize()
+	require.Equal(t, 64, sum.Completed)
+	require.Positive(t, sum.CacheHit)
+}

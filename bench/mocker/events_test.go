@@ -1,0 +1,245 @@
+package mocker
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"dataplane/router"
+)
+
+// multimodalWorkload is workload with media items (shared across requests, so media blocks are
+// reused) and cache salts on some requests.
+func multimodalWorkload(r *rand.Rand, n int, start time.Duration, got outputs) []arrival {
+	arr := workload(r, n, 300, 40, time.Second, got)
+	images := []string{"img-a", "img-b", fmt.Sprintf("%064x", r.Uint64())} // a uuid, a user id, a vLLM-style digest
+	for i := range arr {
+		a := &arr[i]
+		a.at += start
+		a.r.ID = fmt.Sprintf("%d-%s", start, a.r.ID)
+		a.r.Sink = got.sink(a.r.ID)
+		if r.IntN(3) == 0 {
+			off := r.IntN(len(a.r.Tokens))
+			length := min(1+r.IntN(40), len(a.r.Tokens)-off)
+			a.r.Media = []router.Media{{Hash: 0, Offset: off, Length: length}}
+			a.r.MediaIDs = []string{images[r.IntN(len(images))]}
+			a.r.Media[0].Hash = router.MediaHash(a.r.MediaIDs[0])
+		}
+		if r.IntN(4) == 0 {
+			a.r.Salt = []string{"tenant-1", "tenant-2"}[r.IntN(2)]
+		}
+	}
+	return arr
+}
+
+// sameCache asserts that the router holds, for the engine's worker, exactly the blocks the
+// engine's KV cache holds: each engine block is matched by the router, and the router's count
+// of the worker's blocks is the engine's count.
+func sameCache(t *testing.T, r *router.Router, slot router.Worker, e *Engine) {
+	t.Helper()
+	var m router.Match
+	n := 0
+	e.KV().Hashes(func(h uint64, _ int) {
+		n++
+		r.Index().Match([]uint64{h}, &m)
+		require.Equal(t, 1, m.Blocks(slot, 0), "block %#x is in the engine's cache but not the router's", h)
+	})
+	require.EqualValues(t, n, r.Index().Held(slot, 0), "router blocks for the worker")
+	require.Positive(t, n)
+}
+
+// Published events decode with the router's decoder and rebuild the engine's cache state
+// exactly: random multimodal, salted workloads on a small cache (stores, shared blocks,
+// evictions, preemptions), both batch layouts, checked after each burst and at the end.
+func TestEventsRebuildCacheInRouter(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	for _, maps := range []bool{false, true} {
+		r := rand.New(rand.NewPCG(seed, 7))
+		rt, err := router.New(router.DefaultOptions())
+		require.NoError(t, err)
+		feed, err := rt.AddWorker("e")
+		require.NoError(t, err)
+		opts := DefaultOptions()
+		opts.Name, opts.Blocks, opts.MapEvents, opts.Seed = "e", 120, maps, seed
+		var batches int
+		e, err := NewEngine(opts, PublisherFunc(func(worker string, seq uint64, payload []byte) {
+			require.Equal(t, "e", worker)
+			require.EqualValues(t, batches, seq)
+			batches++
+			feed.Live(seq, payload, nil)
+		}))
+		require.NoError(t, err)
+		got := outputs{}
+		for burst := range 4 {
+			arr := multimodalWorkload(r, 40, time.Duration(burst)*time.Hour, got)
+			drive(t, e, arr, nil)
+			checkOutputs(t, arr, got)
+			sameCache(t, rt, feed.Worker(), e)
+		}
+		st := rt.Stats()
+		require.Zero(t, st.BadPayloads.Load()+st.BadEvents.Load()+st.UnknownParent.Load()+st.UnknownBlocks.Load()+st.SizeMismatch.Load())
+		require.Positive(t, st.BlocksRemoved.Load(), "the cache was small enough to evict")
+		t.Logf("maps %v: %d batches, %d blocks stored, %d removed, %d preemptions", maps, batches,
+			st.BlocksStored.Load(), st.BlocksRemoved.Load(), e.Stats().Preemptions)
+	}
+}
+
+// A request routed by the router's own hashing (router.Request with media and salt) finds the
+// blocks the engine stored for the same prompt: the hashes agree end to end.
+func TestEventsMatchRouterDecision(t *testing.T) {
+	rt, err := router.New(router.DefaultOptions())
+	require.NoError(t, err)
+	feed, err := rt.AddWorker("e")
+	require.NoError(t, err)
+	opts := DefaultOptions()
+	opts.Name = "e"
+	e, err := NewEngine(opts, FeedRouter(map[string]*router.Engine{"e": feed}))
+	require.NoError(t, err)
+	_, err = rt.AddWorker("other")
+	require.NoError(t, err)
+	toks := randomTokens(rand.New(rand.NewPCG(8, 8)), 200)
+	media := []router.Media{{Hash: router.MediaHash("cat.png"), Offset: 20, Length: 50}}
+	got := outputs{}
+	req := &Request{ID: "a", Tokens: toks, Media: media, MediaIDs: []string{"cat.png"}, Salt: "t1", MaxTokens: 3, Sink: got.sink("a")}
+	drive(t, e, []arrival{{0, req}}, nil)
+	var d router.Decision
+	require.NoError(t, rt.Decide(router.Request{Tokens: toks, Media: media, Salt: "t1"}, &d))
+	require.Equal(t, "e", d.Worker)
+	for _, s := range d.Scores {
+		if s.Worker == "e" {
+			require.Equal(t, 12, s.Overlap, "all 12 full prompt blocks")
+		}
+	}
+	// Another image or salt in the same tokens matches nothing past the blocks before it.
+	require.NoError(t, rt.Decide(router.Request{Tokens: toks, Media: []router.Media{{Hash: router.MediaHash("dog.png"), Offset: 20, Length: 50}}, Salt: "t1"}, &d))
+	require.Equal(t, 1, d.Scores[0].Overlap, "block 0 is before the image")
+	require.NoError(t, rt.Decide(router.Request{Tokens: toks, Media: media}, &d))
+	require.Equal(t, 0, d.Scores[0].Overlap)
+}
+
+// The same over vLLM's real transport: a ZMQ PUB socket and the ROUTER replay socket on
+// loopback, read by router.SubscribeZMQ. Batches published before the subscriber connects
+// come back through replay.
+func TestEventsOverZMQ(t *testing.T) {
+	pub, err := NewZMQPublisher(DefaultZMQOptions("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
+	require.NoError(t, err)
+	ep, replay := pub.Endpoints()
+	opts := DefaultOptions()
+	opts.Name, opts.Blocks = "z", 100
+	e, err := NewEngine(opts, pub)
+	require.NoError(t, err)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 9))
+	got := outputs{}
+	drive(t, e, multimodalWorkload(r, 20, 0, got), nil) // before anyone listens
+
+	rt, err := router.New(router.DefaultOptions())
+	require.NoError(t, err)
+	feed, err := rt.AddWorker("z")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- router.SubscribeZMQ(ctx, router.DefaultZMQOptions(ep, replay), rt.Stats(), func(int) (*router.Engine, error) { return feed, nil })
+	}()
+	// Keep publishing until the subscriber is connected (PUB drops what nobody receives; the
+	// first batch it does see makes it replay everything before).
+	for burst := 1; rt.Stats().Batches.Load() == 0; burst++ {
+		require.Less(t, burst, 200, "subscriber never received a batch")
+		drive(t, e, multimodalWorkload(r, 3, time.Duration(burst)*time.Hour, got), nil)
+		time.Sleep(20 * time.Millisecond)
+	}
+	drive(t, e, multimodalWorkload(r, 30, 1000*time.Hour, got), nil)
+	total := e.events.seq
+	require.Eventually(t, func() bool { return uint64(rt.Stats().Batches.Load()) == total }, 10*time.Second, 10*time.Millisecond)
+	sameCache(t, rt, feed.Worker(), e)
+	require.Positive(t, rt.Stats().Replayed.Load(), "early batches came by replay")
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	require.NoError(t, pub.Close())
+}
+
+// A fleet on real time publishing over an embedded NATS server to router.SubscribeNATS.
+func TestEventsOverNATS(t *testing.T) {
+	srv, err := router.StartEmbeddedNATS("127.0.0.1:0")
+	require.NoError(t, err)
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	require.NoError(t, err)
+	defer nc.Close()
+	sub, err := nats.Connect(srv.ClientURL())
+	require.NoError(t, err)
+	defer sub.Close()
+
+	fo := DefaultFleetOptions()
+	fo.Engines, fo.Engine.Blocks = 3, 200
+	fo.Clock = Clock{Speedup: 50}
+	pub := NewNATSPublisher(nc, "")
+	var published atomic.Int64
+	fo.Publisher = PublisherFunc(func(w string, seq uint64, p []byte) { published.Add(1); pub.Publish(w, seq, p) })
+	f, err := NewFleet(fo)
+	require.NoError(t, err)
+	rt, err := router.New(router.DefaultOptions())
+	require.NoError(t, err)
+	slots := map[string]router.Worker{}
+	for i := range f.Len() {
+		feed, err := rt.AddWorker(f.Engine(i).Name())
+		require.NoError(t, err)
+		slots[f.Engine(i).Name()] = feed.Worker()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var ns router.NATSStats
+	before := srv.NumSubscriptions()
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = router.SubscribeNATS(ctx, sub, router.DefaultNATSPrefix, rt, &ns) }()
+	require.Eventually(t, func() bool { return srv.NumSubscriptions() > before }, 5*time.Second, 5*time.Millisecond)
+	go func() { defer wg.Done(); _ = f.Run(ctx) }()
+
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 10))
+	got := outputs{}
+	var mu sync.Mutex
+	arr := multimodalWorkload(r, 30, 0, got)
+	var reqs sync.WaitGroup
+	for i, a := range arr {
+		doneCh := make(chan struct{})
+		a.r.Sink = func(o Output) {
+			mu.Lock()
+			got[a.r.ID] = append(got[a.r.ID], o)
+			mu.Unlock()
+			if o.Done {
+				close(doneCh)
+			}
+		}
+		reqs.Add(1)
+		go func() {
+			defer reqs.Done()
+			require.NoError(t, f.Submit(ctx, i%f.Len(), a.r))
+			<-doneCh
+		}()
+	}
+	reqs.Wait()
+	mu.Lock()
+	checkOutputs(t, arr, got)
+	mu.Unlock()
+	require.NoError(t, nc.Flush())
+	require.Eventually(t, func() bool { return rt.Stats().Batches.Load() == published.Load() }, 10*time.Second, 10*time.Millisecond)
+	for i := range f.Len() {
+		require.NoError(t, f.Inspect(ctx, i, func(e *Engine) { sameCache(t, rt, slots[e.Name()], e) }))
+	}
+	require.Zero(t, rt.Stats().Gaps.Load())
+	cancel()
+	wg.Wait()
+	require.Zero(t, pub.Errors.Load())
+}

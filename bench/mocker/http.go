@@ -1,0 +1,319 @@
+package mocker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"dataplane/dataplane/openai"
+	"dataplane/dataplane/worker"
+)
+
+// ServerOptions configure the fleet's OpenAI-compatible HTTP API. DefaultServerOptions has the
+// defaults.
+type ServerOptions struct {
+	MaxBodyBytes int64  // larger bodies get 413; 16 MiB
+	MaxInFlight  int    // requests served at once; beyond, 429; 4,096
+	Model        string // the model name /v1/models lists besides the engines; "mock"
+	// Endpoints lists each engine's KV-event endpoints for GET /engines (optional).
+	Endpoints func(i int) (events, replay string)
+}
+
+// DefaultServerOptions are the defaults above.
+func DefaultServerOptions() ServerOptions {
+	return ServerOptions{MaxBodyBytes: 16 << 20, MaxInFlight: 4096, Model: "mock"}
+}
+
+// Server serves a fleet over HTTP, like vLLM's API server, one engine per path prefix:
+//
+//	POST /engines/<i>/v1/completions   engine i (its base URL for `dataplane serve --workers`)
+//	POST /v1/completions               the engine the "model" field names, else round-robin
+//	GET  /v1/models, /engines/<i>/v1/models, /engines, /healthz
+//
+// A completion takes a text prompt (tokenized one word per token, by hash) or token ids,
+// max_tokens, stream, stream_options.include_usage, cache_salt, and dataplane's extension
+// "media": [{"start", "end", "id"}] (placeholder spans and identifiers, hashed into KV events).
+// Streams are vLLM's SSE chunks; the usage has prompt_tokens_details.cached_tokens.
+type Server struct {
+	opts     ServerOptions
+	fleet    *Fleet
+	workers  []*Worker
+	inFlight chan struct{}
+	rr       atomic.Uint64
+	ids      atomic.Uint64
+}
+
+// NewServer serves f (which must be running while requests arrive).
+func NewServer(f *Fleet, opts ServerOptions) *Server {
+	s := &Server{opts: opts, fleet: f, inFlight: make(chan struct{}, max(opts.MaxInFlight, 1))}
+	for i := range f.Len() {
+		s.workers = append(s.workers, &Worker{fleet: f, i: i})
+	}
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	engine := -1
+	if rest, ok := strings.CutPrefix(path, "/engines/"); ok {
+		num, sub, _ := strings.Cut(rest, "/")
+		i, err := strconv.Atoi(num)
+		if err != nil || i < 0 || i >= len(s.workers) {
+			writeError(w, &openai.Error{Status: 404, Type: "not_found_error", Message: fmt.Sprintf("no engine %q (have 0..%d)", num, len(s.workers)-1)})
+			return
+		}
+		engine, path = i, "/"+sub
+	}
+	switch {
+	case path == "/healthz":
+		_, _ = io.WriteString(w, "ok\n")
+	case path == "/engines" && engine < 0:
+		s.listEngines(w)
+	case path == "/v1/models":
+		s.models(w, engine)
+	case path == "/v1/completions" && r.Method == http.MethodPost:
+		s.complete(w, r, engine)
+	default:
+		writeError(w, &openai.Error{Status: 404, Type: "not_found_error", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
+	}
+}
+
+func (s *Server) listEngines(w http.ResponseWriter) {
+	type entry struct {
+		Name    string `json:"name"`
+		Path    string `json:"path"`
+		Events  string `json:"kv_events,omitempty"`
+		Replay  string `json:"kv_replay,omitempty"`
+		Blocks  int    `json:"kv_blocks"`
+		BlockSz int    `json:"block_size"`
+	}
+	out := make([]entry, len(s.workers))
+	for i, wk := range s.workers {
+		o := s.fleet.engines[i].opts
+		out[i] = entry{Name: wk.Name(), Path: fmt.Sprintf("/engines/%d", i), Blocks: o.Blocks, BlockSz: o.BlockSize}
+		if s.opts.Endpoints != nil {
+			out[i].Events, out[i].Replay = s.opts.Endpoints(i)
+		}
+	}
+	writeJSON(w, out)
+}
+
+func (s *Server) models(w http.ResponseWriter, engine int) {
+	list := openai.ModelList{Object: "list"}
+	add := func(id string) {
+		list.Data = append(list.Data, openai.Model{ID: id, Object: "model", Created: openai.Now(), OwnedBy: "dataplane-mocker"})
+	}
+	if engine >= 0 {
+		add(s.workers[engine].Name())
+	} else {
+		add(s.opts.Model)
+		for _, wk := range s.workers {
+			add(wk.Name())
+		}
+	}
+	writeJSON(w, list)
+}
+
+// completionExtras are the request fields openai.ParseCompletion does not keep.
+type completionExtras struct {
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Media []struct {
+		Start int    `json:"start"`
+		End   int    `json:"end"`
+		ID    string `json:"id"`
+	} `json:"media"`
+}
+
+// usage is OpenAI's usage with vLLM's cached-token detail.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+	Details          struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+type completionChunk struct {
+	ID      string                    `json:"id"`
+	Object  string                    `json:"object"`
+	Created int64                     `json:"created"`
+	Model   string                    `json:"model"`
+	Choices []openai.CompletionChoice `json:"choices"`
+	Usage   *usage                    `json:"usage,omitempty"`
+}
+
+func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
+	select {
+	case s.inFlight <- struct{}{}:
+		defer func() { <-s.inFlight }()
+	default:
+		writeError(w, &openai.Error{Status: 429, Type: "rate_limit_error", Message: fmt.Sprintf("%d requests in flight", cap(s.inFlight)), RetryAfter: time.Second})
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		writeError(w, &openai.Error{Status: 413, Type: "invalid_request_error", Message: fmt.Sprintf("body over %d bytes", s.opts.MaxBodyBytes)})
+		return
+	}
+	req, err := openai.ParseCompletion(body, openai.DefaultLimits())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var extra completionExtras
+	if err := json.Unmarshal(body, &extra); err != nil {
+		writeError(w, openai.BadRequest("media", "want a list of {start, end, id}: %v", err))
+		return
+	}
+	if engine < 0 {
+		engine = s.pick(req.Model)
+	}
+	wreq := &worker.Request{ID: fmt.Sprintf("cmpl-%d", s.ids.Add(1)), Prompt: req.Prompt, Sampling: req.Sampling, CacheSalt: req.Ext.CacheSalt}
+	wreq.TokenIDs = req.PromptIDs
+	if wreq.TokenIDs == nil {
+		wreq.TokenIDs = TokenizeWords(req.Prompt, s.fleet.engines[engine].opts.Vocab)
+	}
+	for _, m := range extra.Media {
+		wreq.Media = append(wreq.Media, worker.MediaSpan{Start: m.Start, End: m.End, ID: m.ID})
+	}
+	wk := s.workers[engine]
+	events, err := wk.Generate(r.Context(), wreq)
+	if err != nil {
+		var bad *ErrBadRequest
+		switch {
+		case errors.As(err, &bad):
+			writeError(w, openai.BadRequest("prompt", "%s", bad.Problem))
+		case errors.Is(err, worker.ErrUnavailable):
+			writeError(w, &openai.Error{Status: 503, Type: "server_error", Message: err.Error(), RetryAfter: time.Second})
+		default:
+			writeError(w, &openai.Error{Status: 500, Type: "server_error", Message: err.Error()})
+		}
+		return
+	}
+	name := wk.Name()
+	chunk := completionChunk{ID: wreq.ID, Object: "text_completion", Created: openai.Now(), Model: name}
+	if !req.Stream {
+		var text strings.Builder
+		n := 0
+		for ev := range events {
+			text.WriteString(ev.Text)
+			n += ev.Tokens
+			if ev.Done {
+				if ev.Err != nil {
+					writeError(w, &openai.Error{Status: 500, Type: "server_error", Message: ev.Err.Error()})
+					return
+				}
+				reason := ev.FinishReason
+				chunk.Choices = []openai.CompletionChoice{{Text: text.String(), FinishReason: &reason}}
+				chunk.Usage = usageOf(ev, n)
+			}
+		}
+		writeJSON(w, chunk)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	bw := bufio.NewWriter(w)
+	sse := openai.NewSSE(bw)
+	flusher, _ := w.(http.Flusher)
+	flush := func() {
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
+	n := 0
+	for ev := range events {
+		if ev.Done {
+			if ev.Err != nil {
+				if !errors.Is(ev.Err, context.Canceled) {
+					_ = sse.Error(&openai.Error{Status: 500, Type: "server_error", Message: ev.Err.Error()})
+				}
+				flush()
+				return
+			}
+			reason := ev.FinishReason
+			chunk.Choices = []openai.CompletionChoice{{Text: "", FinishReason: &reason}}
+			_ = sse.Event(chunk)
+			if extra.StreamOptions.IncludeUsage {
+				chunk.Choices, chunk.Usage = []openai.CompletionChoice{}, usageOf(ev, n)
+				_ = sse.Event(chunk)
+			}
+			_ = sse.Done()
+			flush()
+			return
+		}
+		n += ev.Tokens
+		// One chunk per token, as vLLM streams (clients count tokens by chunks); the worker
+		// coalesces tokens a slow reader has not taken yet.
+		for text := ev.Text; text != ""; {
+			next := strings.Index(text[1:], " t") + 1
+			if next == 0 {
+				next = len(text)
+			}
+			chunk.Choices = []openai.CompletionChoice{{Text: text[:next]}}
+			if sse.Event(chunk) != nil {
+				return // the client left: ctx cancels the request
+			}
+			text = text[next:]
+		}
+		flush()
+	}
+}
+
+// pick chooses the engine for a request to /v1/completions: the one its model names, else the
+// next in turn.
+func (s *Server) pick(model string) int {
+	for i, wk := range s.workers {
+		if wk.Name() == model {
+			return i
+		}
+	}
+	return int(s.rr.Add(1)-1) % len(s.workers)
+}
+
+func usageOf(ev worker.Event, completion int) *usage {
+	u := &usage{PromptTokens: ev.PromptTokens, CompletionTokens: completion, TotalTokens: ev.PromptTokens + completion}
+	u.Details.CachedTokens = ev.CachedTokens
+	return u
+}
+
+// TokenizeWords is the mocker's tokenizer: one token per whitespace-separated word, its id the
+// word's XXH3 modulo vocab (same text, same tokens: prefix caching works on text prompts).
+func TokenizeWords(text string, vocab int) []int32 {
+	var out []int32
+	for _, w := range strings.Fields(text) {
+		out = append(out, int32(xxh3.HashString(w)%uint64(vocab)))
+	}
+	return out
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var oe *openai.Error
+	if !errors.As(err, &oe) {
+		oe = &openai.Error{Status: 500, Type: "server_error", Message: err.Error()}
+	}
+	if oe.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(oe.RetryAfter.Seconds(), 1))))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(oe.Status)
+	_, _ = w.Write(oe.Body())
+}

@@ -1,0 +1,153 @@
+package mocker
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"dataplane/dataplane/openai"
+	"dataplane/dataplane/worker"
+)
+
+// startFleet runs a real-time fleet (fast) and its HTTP server on loopback until the test ends.
+func startFleet(t *testing.T, engines int) (*Fleet, *httptest.Server) {
+	t.Helper()
+	fo := DefaultFleetOptions()
+	fo.Engines = engines
+	fo.Clock = Clock{Speedup: 20}
+	f, err := NewFleet(fo)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = f.Run(ctx) }()
+	srv := httptest.NewServer(NewServer(f, DefaultServerOptions()))
+	t.Cleanup(func() { srv.Close(); cancel(); wg.Wait() })
+	return f, srv
+}
+
+func collect(t *testing.T, ch <-chan worker.Event) (text string, tokens int, done worker.Event) {
+	t.Helper()
+	for ev := range ch {
+		if ev.Done {
+			done = ev
+			continue
+		}
+		text += ev.Text
+		tokens += ev.Tokens
+	}
+	return text, tokens, done
+}
+
+// The daemon's own HTTP engine client (dataplane/worker.HTTP) drives a mock engine like a
+// vLLM: streamed tokens, usage with cached tokens on a repeated prompt.
+func TestHTTPWithWorkerClient(t *testing.T) {
+	_, srv := startFleet(t, 2)
+	hw, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: srv.URL + "/engines/1"})
+	require.NoError(t, err)
+	defer hw.Close()
+	prompt := make([]int32, 100)
+	for i := range prompt {
+		prompt[i] = int32(i * 7)
+	}
+	req := &worker.Request{TokenIDs: prompt, Sampling: openai.Sampling{MaxTokens: 5}}
+	ch, err := hw.Generate(context.Background(), req)
+	require.NoError(t, err)
+	text, n, done := collect(t, ch)
+	require.NoError(t, done.Err)
+	require.Equal(t, 5, n)
+	require.Equal(t, 5, strings.Count(text, " t"))
+	require.Equal(t, "length", done.FinishReason)
+	require.Equal(t, 100, done.PromptTokens)
+	require.Equal(t, 0, done.CachedTokens)
+
+	ch, err = hw.Generate(context.Background(), req)
+	require.NoError(t, err)
+	_, _, done = collect(t, ch)
+	require.Equal(t, 96, done.CachedTokens)
+}
+
+// In-process workers (what `dataplane serve --workers mock:N` gets) stream the same way, and
+// cancelling the context aborts the generation.
+func TestWorkerInProcess(t *testing.T) {
+	f, _ := startFleet(t, 1)
+	w := f.Workers()[0]
+	require.Equal(t, "mock-0", w.Name())
+	ch, err := w.Generate(context.Background(), &worker.Request{TokenIDs: []int32{1, 2, 3}, Sampling: openai.Sampling{MaxTokens: 3},
+		Media: []worker.MediaSpan{{Start: 1, End: 3, ID: "img"}}})
+	require.NoError(t, err)
+	_, n, done := collect(t, ch)
+	require.Equal(t, 3, n)
+	require.NoError(t, done.Err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err = w.Generate(ctx, &worker.Request{TokenIDs: []int32{1, 2, 3}, Sampling: openai.Sampling{MaxTokens: 100000}})
+	require.NoError(t, err)
+	<-ch // the first token
+	cancel()
+	_, _, done = collect(t, ch)
+	require.ErrorIs(t, done.Err, context.Canceled)
+	require.Eventually(t, func() bool {
+		active := -1
+		_ = f.Inspect(context.Background(), 0, func(e *Engine) { active = e.KV().Active() })
+		return active == 0
+	}, 5*time.Second, 10*time.Millisecond, "the aborted request gave its blocks back")
+
+	_, err = w.Generate(context.Background(), &worker.Request{TokenIDs: []int32{1}, Media: []worker.MediaSpan{{Start: 0, End: 5, ID: "x"}}})
+	var bad *ErrBadRequest
+	require.ErrorAs(t, err, &bad)
+}
+
+// Non-streamed text completions, /v1/models, /engines and errors that say what was wrong.
+func TestHTTPRoutes(t *testing.T) {
+	_, srv := startFleet(t, 2)
+	post := func(path, body string) (int, string) {
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := post("/v1/completions", `{"model": "mock-1", "prompt": "the cat sat on the mat", "max_tokens": 4}`)
+	require.Equal(t, 200, code, body)
+	var c completionChunk
+	require.NoError(t, json.Unmarshal([]byte(body), &c))
+	require.Equal(t, "mock-1", c.Model)
+	require.Equal(t, 4, c.Usage.CompletionTokens)
+	require.Equal(t, 6, c.Usage.PromptTokens)
+	require.Equal(t, "length", *c.Choices[0].FinishReason)
+
+	code, body = post("/v1/completions", `{"prompt": [1,2,3], "max_tokens": 0}`)
+	require.Equal(t, 400, code)
+	require.Contains(t, body, "max_tokens")
+	code, body = post("/v1/completions", `{"prompt": "", "max_tokens": 2}`)
+	require.Equal(t, 400, code)
+	require.Contains(t, body, "empty prompt")
+	code, body = post("/v1/completions", `{"prompt": [1,2,3], "media": [{"start": 2, "end": 9, "id": "x"}]}`)
+	require.Equal(t, 400, code)
+	require.Contains(t, body, "media 0")
+	code, _ = post("/engines/7/v1/completions", `{"prompt": [1]}`)
+	require.Equal(t, 404, code)
+
+	resp, err := http.Get(srv.URL + "/engines")
+	require.NoError(t, err)
+	var engines []map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&engines))
+	resp.Body.Close()
+	require.Len(t, engines, 2)
+	require.Equal(t, "/engines/1", engines[1]["path"])
+	resp, err = http.Get(srv.URL + "/engines/0/v1/models")
+	require.NoError(t, err)
+	var models openai.ModelList
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&models))
+	resp.Body.Close()
+	require.Equal(t, "mock-0", models.Data[0].ID)
+}

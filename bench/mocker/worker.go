@@ -1,0 +1,170 @@
+package mocker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"dataplane/dataplane/worker"
+	"dataplane/router"
+)
+
+// DefaultMaxTokens is what a request without max_tokens generates (OpenAI's completions
+// default).
+const DefaultMaxTokens = 16
+
+// Worker is engine i of a running fleet as a dataplane/worker.Worker: what the daemon routes
+// to (`dataplane serve --workers mock:N`).
+type Worker struct {
+	fleet *Fleet
+	i     int
+	ids   atomic.Uint64
+}
+
+// Workers returns every engine of f as a worker.Worker.
+func (f *Fleet) Workers() []worker.Worker {
+	out := make([]worker.Worker, len(f.engines))
+	for i := range f.engines {
+		out[i] = &Worker{fleet: f, i: i}
+	}
+	return out
+}
+
+func (w *Worker) Name() string { return w.fleet.engines[w.i].opts.Name }
+
+// Close does nothing: the fleet's owner stops it.
+func (w *Worker) Close() error { return nil }
+
+// Generate submits the request to the engine. Events carry one word of text per token
+// (" t<token id>"), coalesced when the reader falls behind; the first event is the first
+// token; the last is Done with the prompt and cached token counts. Cancelling ctx aborts the
+// request in the engine and ends the stream with ctx's error. A full engine queue is
+// worker.ErrUnavailable.
+func (w *Worker) Generate(ctx context.Context, req *worker.Request) (<-chan worker.Event, error) {
+	r, err := RequestFromWorker(req)
+	if err != nil {
+		return nil, err
+	}
+	if r.ID == "" {
+		r.ID = w.Name() + "-" + strconv.FormatUint(w.ids.Add(1), 10)
+	}
+	mb := newMailbox()
+	r.Sink = mb.put
+	if err := w.fleet.Submit(ctx, w.i, r); err != nil {
+		if errors.Is(err, ErrQueueFull) {
+			return nil, fmt.Errorf("%w: %s: %v", worker.ErrUnavailable, w.Name(), err)
+		}
+		return nil, err
+	}
+	out := make(chan worker.Event, 16)
+	go mb.forward(ctx, out, func() { w.fleet.Abort(w.i, r.ID) })
+	return out, nil
+}
+
+// RequestFromWorker converts the daemon's request (token ids, media spans, salt, sampling).
+func RequestFromWorker(req *worker.Request) (*Request, error) {
+	r := &Request{ID: req.ID, Salt: req.CacheSalt, MaxTokens: req.Sampling.MaxTokens, Tokens: make([]uint32, len(req.TokenIDs))}
+	if r.MaxTokens == 0 {
+		r.MaxTokens = DefaultMaxTokens
+	}
+	for i, t := range req.TokenIDs {
+		if t < 0 {
+			return nil, &ErrBadRequest{req.ID, fmt.Sprintf("token %d is %d", i, t)}
+		}
+		r.Tokens[i] = uint32(t)
+	}
+	for i, m := range req.Media {
+		if m.Start < 0 || m.End <= m.Start || m.End > len(req.TokenIDs) {
+			return nil, &ErrBadRequest{req.ID, fmt.Sprintf("media %d: tokens [%d, %d) not inside the %d-token prompt", i, m.Start, m.End, len(req.TokenIDs))}
+		}
+		r.Media = append(r.Media, router.Media{Hash: router.MediaHash(m.ID), Offset: m.Start, Length: m.End - m.Start})
+		r.MediaIDs = append(r.MediaIDs, m.ID)
+	}
+	return r, nil
+}
+
+// mailbox hands an engine's outputs (loop goroutine) to a request's reader without ever
+// blocking the loop: tokens accumulate as text until the reader takes them.
+type mailbox struct {
+	mu     sync.Mutex
+	text   []byte
+	tokens int
+	done   *Output
+	notify chan struct{}
+}
+
+func newMailbox() *mailbox { return &mailbox{notify: make(chan struct{}, 1)} }
+
+func (m *mailbox) put(o Output) {
+	m.mu.Lock()
+	if o.Err == nil {
+		m.text = AppendTokenText(m.text, o.Token)
+		m.tokens++
+	}
+	if o.Done {
+		m.done = &o
+	}
+	m.mu.Unlock()
+	select {
+	case m.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what accumulated since the last take.
+func (m *mailbox) take() (text string, tokens int, done *Output) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	text, tokens, done = string(m.text), m.tokens, m.done
+	m.text, m.tokens = m.text[:0], 0
+	return text, tokens, done
+}
+
+// forward moves outputs to out until the Done output (or ctx ends: abort, then a Done event
+// with ctx's error), then closes out.
+func (m *mailbox) forward(ctx context.Context, out chan<- worker.Event, abort func()) {
+	defer close(out)
+	for {
+		select {
+		case <-m.notify:
+		case <-ctx.Done():
+			cancelled(ctx, out, abort)
+			return
+		}
+		text, n, done := m.take()
+		if n > 0 {
+			select {
+			case out <- worker.Event{Text: text, Tokens: n}:
+			case <-ctx.Done():
+				cancelled(ctx, out, abort)
+				return
+			}
+		}
+		if done != nil {
+			select {
+			case out <- worker.Event{Done: true, Err: done.Err, FinishReason: done.FinishReason,
+				PromptTokens: done.PromptTokens, CachedTokens: done.CachedTokens}:
+			case <-ctx.Done():
+			}
+			return
+		}
+	}
+}
+
+// cancelled aborts the request in the engine and offers the reader a Done event with ctx's
+// error (dropped if the reader stopped reading).
+func cancelled(ctx context.Context, out chan<- worker.Event, abort func()) {
+	abort()
+	select {
+	case out <- worker.Event{Done: true, Err: ctx.Err(), FinishReason: "abort"}:
+	default:
+	}
+}
+
+// AppendTokenText appends a generated token's text: " t" and its id.
+func AppendTokenText(b []byte, tok uint32) []byte {
+	return strconv.AppendUint(append(b, " t"...), uint64(tok), 10)
+}

@@ -1,0 +1,423 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"dataplane/bench/ab"
+	"dataplane/bench/loadgen"
+	"dataplane/bench/mocker"
+	"dataplane/bench/plot"
+	"dataplane/bench/sweep"
+	"dataplane/bench/synth"
+	"dataplane/cuda"
+	"dataplane/dataplane/encoder"
+	"dataplane/native"
+)
+
+func init() {
+	register(command{"bench", "measure: load (HTTP replay), ab (routing A/B), fleet (N engines in real time), sweep (encoder batch sizes)", benchCommand})
+}
+
+const benchUsage = `Usage: dataplane bench <load|ab|fleet|sweep> [flags]   (dataplane bench <sub> -h)
+
+  load   replay a trace open-loop against OpenAI-compatible endpoints: TTFT, ITL, E2E; CSV, PNG
+  ab     the same trace under routing policies (round-robin, random, kv) and encoding modes,
+         on a mock fleet in virtual time: one table
+  fleet  N mock engines in real time fed a trace in-process (no sockets): do they keep up?
+  sweep  encoder latency and throughput for batch sizes 1..64 on the host or a backend plugin
+`
+
+func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, benchUsage)
+		return errUsage
+	}
+	sub := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
+		"load": benchLoad, "ab": benchAB, "fleet": benchFleet, "sweep": benchSweep,
+	}[args[0]]
+	if sub == nil {
+		if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+			fmt.Fprint(stdout, benchUsage)
+			return nil
+		}
+		fmt.Fprintf(stderr, "bench: unknown %q\n\n%s", args[0], benchUsage)
+		return errUsage
+	}
+	return sub(ctx, args[1:], stdout, stderr)
+}
+
+// terminal returns w if it is a terminal (for progress lines rewritten in place), else nil.
+func terminal(w io.Writer) io.Writer {
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			return w
+		}
+	}
+	return nil
+}
+
+func randSeed() uint64 { return rand.Uint64()%1_000_000_000 + 1 }
+
+// parseBench parses a subcommand's flags; usageErr reports a bad combination.
+func parseBench(fs *flag.FlagSet, args []string, stderr io.Writer) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench %s: unexpected arguments %q\n", fs.Name(), fs.Args())
+		return errUsage
+	}
+	return nil
+}
+
+func readTrace(path string, limit int, blockSize int) ([]synth.Record, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	lim := synth.DefaultLimits()
+	lim.BlockSize = blockSize
+	recs, err := synth.ReadTrace(f, lim)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if limit > 0 && limit < len(recs) {
+		recs = recs[:limit]
+	}
+	return recs, nil
+}
+
+func outDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	return os.MkdirAll(dir, 0o755)
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := loadgen.DefaultOptions()
+	endpoints := fs.String("endpoints", "", "base URLs, comma-separated (http://host:port or http://host:port/engines/3); round-robin")
+	trace := fs.String("trace", "", "trace to replay (JSONL)")
+	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
+	out := fs.String("out", "", "directory for requests.csv, ttft_cdf.png, latency_over_time.png")
+	fs.StringVar(&o.Model, "model", "", `"model" field of each request`)
+	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per trace hash id")
+	fs.Float64Var(&o.Speedup, "speedup", o.Speedup, "replay this many times faster than the trace")
+	fs.IntVar(&o.MaxInFlight, "max-in-flight", o.MaxInFlight, "requests in flight; beyond, requests are skipped (and counted)")
+	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "per request")
+	if err := parseBench(fs, args, stderr); err != nil {
+		return err
+	}
+	if *endpoints == "" || *trace == "" {
+		fmt.Fprintln(stderr, "bench load: --endpoints and --trace are required")
+		return errUsage
+	}
+	o.Endpoints = splitList(*endpoints)
+	o.Progress = terminal(stderr)
+	recs, err := readTrace(*trace, *limit, o.BlockSize)
+	if err != nil {
+		return err
+	}
+	rep, err := loadgen.Run(ctx, recs, o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, rep.Summarize().String())
+	return writeReport(rep, *out, "load")
+}
+
+func writeReport(rep *loadgen.Report, dir, title string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := outDir(dir); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(dir, "requests.csv"), rep.WriteCSV); err != nil {
+		return err
+	}
+	return rep.WriteCharts(dir, title)
+}
+
+func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("ab", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := ab.DefaultOptions()
+	trace := fs.String("trace", "", "trace to replay (JSONL; e.g. from dataplane synth)")
+	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
+	out := fs.String("out", "", "directory for ab.csv and ab_ttft.png")
+	policies := fs.String("policies", strings.Join(o.Policies, ","), "routing policies: round-robin, random, kv")
+	encodings := fs.String("encodings", strings.Join(o.Encodings, ","), "encoding modes: none, sync, async")
+	fs.IntVar(&o.Engines, "engines", o.Engines, "mock engines")
+	fs.IntVar(&o.Engine.BlockSize, "block-size", o.Engine.BlockSize, "KV block size = tokens per trace hash id")
+	fs.IntVar(&o.Engine.Blocks, "kv-blocks", o.Engine.Blocks, "KV cache per engine, in blocks")
+	fs.IntVar(&o.Engine.MaxBatchedTokens, "max-batched-tokens", o.Engine.MaxBatchedTokens, "engine step token budget")
+	fs.Uint64Var(&o.Seed, "seed", 0, "engines' and random policy's seed (0: random)")
+	encodeMS := fs.Float64("encode-ms-per-1k-tokens", float64(ab.DefaultSimEncoder().PerToken*1000)/1e6, "the simulated encoder's cost")
+	encodeSlots := fs.Int("encode-slots", ab.DefaultSimEncoder().Workers, "the simulated encoder's parallel slots (async)")
+	if err := parseBench(fs, args, stderr); err != nil {
+		return err
+	}
+	if *trace == "" {
+		fmt.Fprintln(stderr, "bench ab: --trace is required")
+		return errUsage
+	}
+	o.Policies, o.Encodings = splitList(*policies), splitList(*encodings)
+	o.Router.BlockSize = o.Engine.BlockSize
+	o.Encoder = ab.SimEncoder{PerToken: time.Duration(*encodeMS * 1e6 / 1000), Workers: *encodeSlots}
+	if o.Seed == 0 {
+		o.Seed = randSeed()
+	}
+	recs, err := readTrace(*trace, *limit, o.Engine.BlockSize)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	res, err := ab.Run(ctx, recs, o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d requests, %d engines (%d blocks of %d tokens each), seed %d, %.1fs to simulate\n\n",
+		len(recs), o.Engines, o.Engine.Blocks, o.Engine.BlockSize, o.Seed, time.Since(start).Seconds())
+	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tencoding\tTTFT p50\tTTFT p99\tITL p50\tE2E p50\tE2E p99\tcache hit\ttokens/s\tpreempted\trejected\t")
+	for _, r := range res {
+		fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f ms\t%.1f ms\t%.0f ms\t%.0f ms\t%.3f\t%.0f\t%d\t%d\t\n", r.Policy, r.Encoding,
+			r.TTFT.P50, r.TTFT.P99, r.ITL.P50, r.E2E.P50, r.E2E.P99, r.CacheHit, r.OutputTokensPerS, r.Preemptions, r.Rejected)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(res) > 1 {
+		base := res[0]
+		for _, r := range res[1:] {
+			fmt.Fprintf(stdout, "%s/%s vs %s/%s: TTFT p50 %.2fx, p99 %.2fx better\n", r.Policy, r.Encoding, base.Policy, base.Encoding,
+				base.TTFT.P50/r.TTFT.P50, base.TTFT.P99/r.TTFT.P99)
+		}
+	}
+	if *out == "" {
+		return nil
+	}
+	if err := outDir(*out); err != nil {
+		return err
+	}
+	err = writeFile(filepath.Join(*out, "ab.csv"), func(w io.Writer) error {
+		fmt.Fprintln(w, "policy,encoding,requests,rejected,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,cache_hit,output_tokens_per_s,preemptions")
+		for _, r := range res {
+			fmt.Fprintf(w, "%s,%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%.1f,%d\n", r.Policy, r.Encoding, r.Requests, r.Rejected,
+				r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.ITL.P50, r.ITL.P99, r.E2E.P50, r.E2E.P99, r.CacheHit, r.OutputTokensPerS, r.Preemptions)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var series []plot.Series
+	for _, r := range res {
+		series = append(series, plot.CDF(r.Policy+"/"+r.Encoding, r.PerRequestTTFT))
+	}
+	return plot.Chart{Title: "time to first token by routing policy", XLabel: "TTFT ms", YLabel: "fraction of requests", Series: series}.
+		SavePNG(filepath.Join(*out, "ab_ttft.png"))
+}
+
+func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := &mockConfig{fleet: mocker.DefaultFleetOptions()}
+	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	mockFlags(fs, c)
+	trace := fs.String("trace", "", "trace to replay (JSONL)")
+	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
+	tokenBlock := fs.Int("trace-block-size", 512, "tokens per trace hash id")
+	loadSpeedup := fs.Float64("load-speedup", 1, "send the trace this many times faster than its timestamps")
+	out := fs.String("out", "", "directory for requests.csv and the charts")
+	if err := parseBench(fs, args, stderr); err != nil {
+		return err
+	}
+	if *trace == "" {
+		fmt.Fprintln(stderr, "bench fleet: --trace is required")
+		return errUsage
+	}
+	recs, err := readTrace(*trace, *limit, *tokenBlock)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	fleet, cleanup, err := buildFleet(c, log)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = fleet.Run(ctx) }()
+	defer func() { cancel(); wg.Wait() }()
+	o := loadgen.DefaultOptions()
+	o.BlockSize, o.Speedup, o.Progress = *tokenBlock, *loadSpeedup, terminal(stderr)
+	o.MaxInFlight = 1 << 30
+	rep, err := loadgen.RunInProcess(ctx, fleet, recs, o)
+	if err != nil {
+		return err
+	}
+	var entries int64
+	var mean, worst time.Duration
+	for _, l := range fleet.Loops() {
+		n, m, w := l.Lag()
+		entries += n
+		mean, worst = max(mean, m), max(worst, w)
+	}
+	sum := rep.Summarize()
+	offered := 0.0
+	if n := len(recs); n > 1 {
+		offered = float64(n-1) / ((recs[n-1].Timestamp - recs[0].Timestamp) / 1000 / *loadSpeedup)
+	}
+	fmt.Fprintf(stdout, "%d engines on %d loops, engine time x%g: %d requests in %.1f s (offered %.1f req/s)\n", fleet.Len(), len(fleet.Loops()),
+		c.fleet.Clock.Speedup, len(recs), rep.Duration.Seconds(), offered)
+	fmt.Fprint(stdout, sum.String())
+	fmt.Fprintf(stdout, "loop entries %d (engine steps and timers); lag behind schedule: mean %v, worst %v\n", entries, mean, worst)
+	return writeReport(rep, *out, "fleet")
+}
+
+func benchSweep(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sweep", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := sweep.DefaultOptions()
+	encoders := fs.String("encoders", "vit-tiny,whisper-tiny", "presets (random weights): vit-tiny, clip-b16, clip-l14-336, whisper-tiny, whisper-base")
+	model := fs.String("model", "", "a checkpoint directory to sweep instead of presets")
+	frames := fs.Int("frames", 3000, "Whisper input frames for --model")
+	backend := fs.String("backend", "host", "host (the CPU kernels), or plugin:PATH (a backend plugin: build/libdataplane_cpu_plugin.so, the CUDA plugin); plugins need --model")
+	batches := fs.String("batches", "1,2,4,8,16,32,64", "batch sizes")
+	fs.IntVar(&o.Iterations, "iterations", o.Iterations, "timed runs per batch size (median reported)")
+	fs.DurationVar(&o.MaxTime, "max-time", o.MaxTime, "time per batch size after which no more runs start")
+	threads := fs.Int("threads", 0, "kernel threads (0: all CPUs, up to 8)")
+	out := fs.String("out", "", "directory for sweep.csv and sweep.png")
+	if err := parseBench(fs, args, stderr); err != nil {
+		return err
+	}
+	o.Batches = nil
+	for _, s := range splitList(*batches) {
+		b, err := strconv.Atoi(s)
+		if err != nil || b <= 0 {
+			fmt.Fprintf(stderr, "bench sweep: batch size %q\n", s)
+			return errUsage
+		}
+		o.Batches = append(o.Batches, b)
+	}
+	var encs []sweep.Encoder
+	defer func() {
+		for _, e := range encs {
+			e.Close()
+		}
+	}()
+	maxBatch := 0
+	for _, b := range o.Batches {
+		maxBatch = max(maxBatch, b)
+	}
+	switch {
+	case strings.HasPrefix(*backend, "plugin:"):
+		if *model == "" {
+			fmt.Fprintln(stderr, "bench sweep: a plugin backend needs --model")
+			return errUsage
+		}
+		b, err := cuda.Open(strings.TrimPrefix(*backend, "plugin:"))
+		if err != nil {
+			return err
+		}
+		m, err := encoder.Load(*model, encoder.Options{})
+		if err != nil {
+			return err
+		}
+		sel := m.Select()
+		m.Close()
+		spec, weights, closeFiles, err := encoder.LoadWeights(*model)
+		if err != nil {
+			return err
+		}
+		d, err := sweep.NewDevice(filepath.Base(*model)+"@"+b.Name(), b, spec.Config, weights, sel, *frames, maxBatch)
+		closeFiles()
+		if err != nil {
+			return err
+		}
+		encs = append(encs, d)
+	case *backend != "host":
+		fmt.Fprintf(stderr, "bench sweep: --backend %q: want host or plugin:PATH\n", *backend)
+		return errUsage
+	case *model != "":
+		m, err := encoder.Load(*model, encoder.Options{Threads: *threads})
+		if err != nil {
+			return err
+		}
+		h, err := sweep.NewHost(filepath.Base(*model), m, *frames)
+		if err != nil {
+			m.Close()
+			return err
+		}
+		encs = append(encs, h)
+	default:
+		for _, name := range splitList(*encoders) {
+			h, err := sweep.NewPreset(name, *threads)
+			if err != nil {
+				return err
+			}
+			encs = append(encs, h)
+		}
+	}
+	rows, err := sweep.Run(ctx, encs, o)
+	if err != nil {
+		return err
+	}
+	name := *backend
+	if name == "host" {
+		name = fmt.Sprintf("host CPU, %s, %d threads", native.BestISA(), max(*threads, native.DefaultThreads()))
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(stdout, "backend: %s\n", name)
+	fmt.Fprintln(tw, "encoder\tbatch\tms/batch\tms/item\titems/s\tvs batch 1\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.1f\t%.2fx\t\n", r.Encoder, r.Batch, r.BatchMS, r.ItemMS, r.ItemsPerS, r.SpeedupVs1)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if *out == "" {
+		return nil
+	}
+	if err := outDir(*out); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(*out, "sweep.csv"), func(w io.Writer) error { return sweep.WriteCSV(w, rows) }); err != nil {
+		return err
+	}
+	return sweep.Chart(rows, name).SavePNG(filepath.Join(*out, "sweep.png"))
+}

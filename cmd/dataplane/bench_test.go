@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"dataplane/bench/mocker"
+)
+
+func runBench(t *testing.T, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), append([]string{"bench"}, args...), &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	return stdout.String()
+}
+
+// `bench ab` prints one row per policy and the comparison, and writes its CSV and chart.
+func TestBenchAB(t *testing.T) {
+	trace := synthTrace(t, "--requests", "150", "--seed", "3")
+	dir := t.TempDir()
+	out := runBench(t, "ab", "--trace", trace, "--seed", "9", "--out", dir)
+	require.Regexp(t, `(?m)^\s+round-robin\s+none`, out)
+	require.Regexp(t, `(?m)^\s+kv\s+none`, out)
+	require.Regexp(t, `kv/none vs round-robin/none: TTFT p50 [\d.]+x`, out)
+	for _, f := range []string{"ab.csv", "ab_ttft.png"} {
+		_, err := os.Stat(filepath.Join(dir, f))
+		require.NoError(t, err)
+	}
+}
+
+// `bench load` against a mock fleet over HTTP, and `bench fleet` in-process: every request
+// completes.
+func TestBenchLoadAndFleet(t *testing.T) {
+	trace := synthTrace(t, "--requests", "40", "--seed", "4", "--speedup-ratio", "20", "--osl-multiplier", "0.1")
+	fo := mocker.DefaultFleetOptions()
+	fo.Engines, fo.Clock = 2, mocker.Clock{Speedup: 50}
+	f, err := mocker.NewFleet(fo)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = f.Run(ctx) }()
+	srv := httptest.NewServer(mocker.NewServer(f, mocker.DefaultServerOptions()))
+	defer func() { srv.Close(); cancel(); wg.Wait() }()
+
+	dir := t.TempDir()
+	out := runBench(t, "load", "--endpoints", srv.URL+"/engines/0,"+srv.URL+"/engines/1", "--trace", trace, "--speedup", "5", "--out", dir)
+	require.Contains(t, out, "requests 40: 40 completed, 0 failed")
+	_, err = os.Stat(filepath.Join(dir, "requests.csv"))
+	require.NoError(t, err)
+
+	out = runBench(t, "fleet", "--engines", "100", "--trace", trace, "--speedup", "20", "--load-speedup", "5", "--stats-every", "0")
+	require.Contains(t, out, "100 engines")
+	require.Contains(t, out, "requests 40: 40 completed, 0 failed")
+	m := regexp.MustCompile(`lag behind schedule: mean (\S+), worst`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+}
+
+// `bench sweep` on the tiny CLIP fixture checkpoint, host and through the CPU plugin when
+// make test built it.
+func TestBenchSweep(t *testing.T) {
+	dir := modelDir(t, "clip_vit_tiny_random")
+	out := runBench(t, "sweep", "--model", dir, "--batches", "1,2", "--iterations", "1", "--out", t.TempDir())
+	require.Regexp(t, `(?m)^\s+\S+\s+2\s+[\d.]+`, out)
+	if plugin := os.Getenv("DATAPLANE_TEST_PLUGIN"); plugin != "" {
+		out = runBench(t, "sweep", "--model", dir, "--backend", "plugin:"+plugin, "--batches", "1,2", "--iterations", "1")
+		require.Contains(t, out, "backend: plugin:")
+	}
+	var stderr bytes.Buffer
+	require.Equal(t, 2, run(context.Background(), []string{"bench", "sweep", "--batches", "0"}, &bytes.Buffer{}, &stderr))
+	require.Equal(t, 2, run(context.Background(), []string{"bench", "nope"}, &bytes.Buffer{}, &stderr))
+}

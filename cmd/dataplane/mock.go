@@ -1,0 +1,259 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"dataplane/bench/mocker"
+	"dataplane/router"
+)
+
+func init() {
+	register(command{"mock", "run a fleet of mock LLM engines with vLLM's KV events and an OpenAI API (dataplane mock -h)", func(ctx context.Context, args []string, _, stderr io.Writer) error {
+		return runMock(ctx, args, stderr)
+	}})
+}
+
+// mockConfig is what dataplane mock's flags set.
+type mockConfig struct {
+	fleet      mocker.FleetOptions
+	listen     string
+	events     string // none, zmq, nats
+	zmqHost    string
+	zmqPort    int
+	natsURL    string
+	natsListen string
+	natsPrefix string
+	profile    string
+	statsEvery time.Duration
+	logLevel   slog.Level
+	endpoints  [][2]string // engine i's bound KV-event endpoints (pub, replay), with -kv-events zmq
+}
+
+// mockFlags declares the engine and fleet flags (shared with `dataplane bench fleet`).
+func mockFlags(fs *flag.FlagSet, c *mockConfig) {
+	e := &c.fleet.Engine
+	fs.IntVar(&c.fleet.Engines, "engines", 1, "mock engines in this process")
+	fs.StringVar(&c.fleet.Prefix, "name-prefix", "mock-", "engine names: PREFIX0, PREFIX1, ...")
+	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "KV block size in tokens")
+	fs.IntVar(&e.Blocks, "kv-blocks", e.Blocks, "KV cache size per engine, in blocks")
+	fs.IntVar(&e.MaxSeqs, "max-seqs", e.MaxSeqs, "most requests running at once per engine")
+	fs.IntVar(&e.MaxBatchedTokens, "max-batched-tokens", e.MaxBatchedTokens, "token budget of one engine step")
+	fs.Float64Var(&e.Watermark, "watermark", e.Watermark, "fraction of blocks a newly admitted request must leave free")
+	fs.BoolVar(&e.ChunkedPrefill, "chunked-prefill", e.ChunkedPrefill, "split long prompts over steps")
+	fs.IntVar(&e.MaxWaiting, "max-waiting", e.MaxWaiting, "requests queued per engine before it refuses more")
+	fs.BoolVar(&e.MapEvents, "map-events", false, "KV events in vLLM's newer map layout (default: msgspec arrays)")
+	fs.Uint64Var(&e.Seed, "seed", 0, "seed for generated tokens (0: random)")
+	fs.Float64Var(&c.fleet.Clock.Speedup, "speedup", 1, "engine time runs this many times faster than wall time")
+	fs.IntVar(&c.fleet.Loops, "loops", 0, "goroutines driving the engines (0: one per CPU)")
+	fs.StringVar(&c.profile, "perf-profile", "", "perf profile .npz (Dynamo's format; default: Dynamo's polynomial)")
+	fs.StringVar(&c.events, "kv-events", "none", "publish KV events: none, zmq (a PUB + replay ROUTER pair per engine) or nats")
+	fs.StringVar(&c.zmqHost, "zmq-host", "127.0.0.1", "address the ZMQ sockets bind")
+	fs.IntVar(&c.zmqPort, "zmq-port", 5557, "engine i publishes on PORT+2i and serves replay on PORT+2i+1 (0: any free ports)")
+	fs.StringVar(&c.natsURL, "nats", "embedded", `with -kv-events nats: a server URL, or "embedded" to run one`)
+	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "HOST:PORT of the embedded NATS server")
+	fs.StringVar(&c.natsPrefix, "nats-prefix", router.DefaultNATSPrefix, "NATS subject prefix: engine W publishes on PREFIX.W")
+	fs.DurationVar(&c.statsEvery, "stats-every", 10*time.Second, "log fleet counters this often (0: never)")
+}
+
+const mockUsage = `Usage: dataplane mock [flags]
+
+Runs --engines mock LLM engines in this process (Dynamo's mocker model: KV block manager with
+prefix caching, vLLM-style scheduler with chunked prefill and preemption, a perf model for step
+times) and serves them over an OpenAI-compatible API:
+
+  POST /engines/<i>/v1/completions   engine i (its base URL: http://HOST:PORT/engines/<i>)
+  POST /v1/completions               the engine named by "model", else round-robin
+  GET  /v1/models, /engines, /healthz
+
+KV events go out in vLLM's wire format: --kv-events zmq (PUB + replay ROUTER per engine, as
+vLLM's --kv-events-config would), or nats (subject PREFIX.<engine>, for large fleets).
+
+Flags:
+`
+
+func runMock(ctx context.Context, args []string, stderr io.Writer) error {
+	c := &mockConfig{fleet: mocker.DefaultFleetOptions()}
+	fs := flag.NewFlagSet("mock", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, mockUsage)
+		fs.PrintDefaults()
+		fmt.Fprint(stderr, configUsage(fs))
+	}
+	mockFlags(fs, c)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8200", `HOST:PORT of the OpenAI API ("" for none)`)
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.String("config", "", "YAML file of settings (keys are these flag names)")
+	if err := loadConfig(fs, args, os.Getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		fmt.Fprintf(stderr, "mock: %v\n", err)
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "mock: unexpected arguments %q\n", fs.Args())
+		return errUsage
+	}
+	if err := c.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "mock: -log-level: %v\n", err)
+		return errUsage
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
+	fleet, cleanup, err := buildFleet(c, log)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = fleet.Run(ctx) }()
+	if c.statsEvery > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); logFleetStats(ctx, fleet, c.statsEvery, log) }()
+	}
+	if c.listen == "" {
+		<-ctx.Done()
+		return nil
+	}
+	so := mocker.DefaultServerOptions()
+	if c.events == "zmq" {
+		so.Endpoints = func(i int) (string, string) { return c.endpoints[i][0], c.endpoints[i][1] }
+	}
+	ln, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: mocker.NewServer(fleet, so), ReadHeaderTimeout: 10 * time.Second}
+	log.Info("serving", "listen", ln.Addr().String(), "first_engine", "http://"+ln.Addr().String()+"/engines/0")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+		shut, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		_ = srv.Shutdown(shut)
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// buildFleet makes the fleet with its perf model and KV-event publishers; cleanup closes the
+// publishers (after the fleet stopped).
+func buildFleet(c *mockConfig, log *slog.Logger) (*mocker.Fleet, func(), error) {
+	var closers []func()
+	cleanup := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	if c.profile != "" {
+		raw, err := os.ReadFile(c.profile)
+		if err != nil {
+			return nil, cleanup, err
+		}
+		m, err := mocker.ReadProfile(bytes.NewReader(raw), int64(len(raw)))
+		if err != nil {
+			return nil, cleanup, fmt.Errorf("%s: %w", c.profile, err)
+		}
+		c.fleet.Engine.Perf = m
+	}
+	switch c.events {
+	case "none":
+	case "zmq":
+		var pubs []*mocker.ZMQPublisher
+		c.fleet.PublisherFor = func(i int, name string) (mocker.Publisher, error) {
+			ep, replay := zmqEndpoints(c, i)
+			p, err := mocker.NewZMQPublisher(mocker.DefaultZMQOptions(ep, replay))
+			if err != nil {
+				return nil, err
+			}
+			pubs = append(pubs, p)
+			ep, replay = p.Endpoints()
+			c.endpoints = append(c.endpoints, [2]string{ep, replay})
+			log.Info("kv events", "engine", name, "pub", ep, "replay", replay)
+			return p, nil
+		}
+		closers = append(closers, func() {
+			for _, p := range pubs {
+				_ = p.Close()
+			}
+		})
+	case "nats":
+		url := c.natsURL
+		if url == "embedded" {
+			srv, err := router.StartEmbeddedNATS(c.natsListen)
+			if err != nil {
+				return nil, cleanup, err
+			}
+			closers = append(closers, srv.Shutdown)
+			url = srv.ClientURL()
+		}
+		nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+		if err != nil {
+			cleanup()
+			return nil, func() {}, fmt.Errorf("nats %s: %w", url, err)
+		}
+		closers = append(closers, nc.Close)
+		c.fleet.Publisher = mocker.NewNATSPublisher(nc, c.natsPrefix)
+		log.Info("kv events over nats", "url", url, "subjects", c.natsPrefix+".<engine>")
+	default:
+		return nil, cleanup, fmt.Errorf("-kv-events %q: want none, zmq or nats", c.events)
+	}
+	f, err := mocker.NewFleet(c.fleet)
+	if err != nil {
+		cleanup()
+		return nil, func() {}, err
+	}
+	e := c.fleet.Engine
+	log.Info("mock fleet", "engines", f.Len(), "loops", len(f.Loops()), "block_size", e.BlockSize, "kv_blocks", e.Blocks,
+		"max_seqs", e.MaxSeqs, "max_batched_tokens", e.MaxBatchedTokens, "chunked_prefill", e.ChunkedPrefill,
+		"speedup", c.fleet.Clock.Speedup, "perf", fmt.Sprintf("%T", e.Perf), "kv_events", c.events)
+	return f, cleanup, nil
+}
+
+func zmqEndpoints(c *mockConfig, i int) (pub, replay string) {
+	if c.zmqPort == 0 {
+		return fmt.Sprintf("tcp://%s:0", c.zmqHost), fmt.Sprintf("tcp://%s:0", c.zmqHost)
+	}
+	return fmt.Sprintf("tcp://%s:%d", c.zmqHost, c.zmqPort+2*i), fmt.Sprintf("tcp://%s:%d", c.zmqHost, c.zmqPort+2*i+1)
+}
+
+// logFleetStats logs how the loops keep up, every period.
+func logFleetStats(ctx context.Context, f *mocker.Fleet, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			var entries int64
+			var mean, worst time.Duration
+			for _, l := range f.Loops() {
+				n, m, w := l.Lag()
+				entries += n
+				mean, worst = max(mean, m), max(worst, w)
+			}
+			log.Info("fleet", "entries", entries, "lag_mean", mean, "lag_worst", worst)
+		}
+	}
+}

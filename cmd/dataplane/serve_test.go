@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// startServe runs `dataplane serve` in-process with args added to its embedded defaults
+// (demo models, the mock:4 fleet); it returns the base URL and the curl line it printed.
+func startServe(t testing.TB, args ...string) (base, curl string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logR, logW := io.Pipe()
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn"}, args...), io.Discard, logW)
+		logW.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case c := <-code:
+			require.Equal(t, 0, c)
+		case <-time.After(30 * time.Second):
+			t.Error("serve did not stop")
+		}
+	})
+	lines := bufio.NewScanner(logR)
+	lines.Buffer(nil, 1<<20)
+	for curl == "" && lines.Scan() {
+		if strings.HasPrefix(lines.Text(), "curl ") {
+			curl = lines.Text()
+		}
+	}
+	require.NotEmpty(t, curl, "serve printed no curl line")
+	go io.Copy(io.Discard, logR) //nolint:errcheck // keep the logger from blocking
+	m := regexp.MustCompile(`^curl -s (http://[0-9.:]+)/v1/chat/completions -H 'Content-Type: application/json' -d '(.*)'$`).FindStringSubmatch(curl)
+	require.NotNil(t, m, curl)
+	return m[1], curl
+}
+
+func postJSON(t testing.TB, url string, body []byte) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
+	return resp.StatusCode, out
+}
+
+// `make run`'s daemon: the curl line it prints (a picture and a question) is answered by the
+// mock fleet; the fleet's KV events reach the router, so the same prompt again is routed to
+// the engine that holds it, with its blocks counted as cached.
+func TestServeDefaultsWithMockFleet(t *testing.T) {
+	base, curl := startServe(t, "--mock-speedup", "20")
+	body := []byte(curl[strings.Index(curl, "-d '")+4 : len(curl)-1])
+	code, out := postJSON(t, base+"/v1/chat/completions", body)
+	require.Equal(t, 200, code, "%v", out)
+	msg := out["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"].(string)
+	require.Len(t, strings.Fields(msg), 16, "max_tokens words from the mock engine: %q", msg)
+	usage := out["usage"].(map[string]any)
+	require.Equal(t, float64(16), usage["completion_tokens"])
+	require.Greater(t, usage["prompt_tokens"].(float64), float64(256), "the picture's placeholder tokens are in the prompt")
+
+	first := route(t, base)
+	require.Regexp(t, `^mock-[0-3]$`, first.Worker)
+	require.Eventually(t, func() bool {
+		code, _ := postJSON(t, base+"/v1/chat/completions", body)
+		require.Equal(t, 200, code)
+		again := route(t, base)
+		for _, s := range again.Scores {
+			if s.Worker == first.Worker && s.Overlap > 0 && again.Worker == first.Worker {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 50*time.Millisecond, "the engine's KV events reached the router")
+
+	resp, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(metrics), `dataplane_requests_total{endpoint="chat",outcome="ok"}`)
+	require.Regexp(t, `dataplane_router_kv_blocks_total\{op="stored"\} [1-9]`, string(metrics))
+}
+
+type routed struct {
+	Worker string `json:"worker"`
+	Scores []struct {
+		Worker  string `json:"worker"`
+		Overlap int    `json:"overlap_blocks"`
+	} `json:"scores"`
+}
+
+func route(t testing.TB, base string) routed {
+	t.Helper()
+	resp, err := http.Get(base + "/debug/route")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var d struct {
+		Decision routed `json:"decision"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&d))
+	return d.Decision
+}
+
+// Bad worker specifications stop serve with a usage error naming the flag.
+func TestServeWorkerFlagErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--workers", "mock:0"},
+		{"--workers", "mock:x"},
+		{"--workers", "mock:2,http://127.0.0.1:1"},
+		{"--workers", "ftp://x"},
+		{"--mock-speedup", "0"},
+		{"--kv-events", "tcp://127.0.0.1:5557"},
+		{"--workers", "http://127.0.0.1:1,http://127.0.0.1:2", "--kv-events", "tcp://127.0.0.1:5557"},
+	} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), io.Discard, &stderr)
+		require.NotEqual(t, 0, code, "%v", args)
+		require.Regexp(t, `--(workers|mock-speedup|kv-events)`, stderr.String(), "%v", args)
+	}
+}
