@@ -23,6 +23,11 @@ const (
 	RoundRobin = "round-robin"
 	Random     = "random"
 	KVAware    = "kv" // router.Router: KV-event-fed index + slot tracker, Dynamo's cost
+	// ModalityAware routes a request with media when it arrives, with the time until its
+	// features are ready in the router's cost (the daemon's order: route, then await the
+	// encoder), and sends it to the engine when they are; text-only requests are routed as by
+	// kv. kv routes media requests only once their features are ready, on fresher state.
+	ModalityAware = "kv-modality"
 )
 
 // Encoding modes: how requests with media wait for their encoder before they are routed.
@@ -66,7 +71,7 @@ func (s SimEncoder) Slots() int { return max(s.Workers, 1) }
 type Options struct {
 	Engines   int            // mock engines; 4
 	Engine    mocker.Options // each engine; DefaultOptions with 512-token blocks (Mooncake's), 2,048 blocks (1M tokens)
-	Policies  []string       // run in order; round-robin, random, kv
+	Policies  []string       // run in order; round-robin, random, kv (kv-modality also known)
 	Encodings []string       // none
 	Encoder   Encoder        // DefaultSimEncoder
 	Router    router.Options // for kv; DefaultOptions with the engines' block size
@@ -118,8 +123,8 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 		return nil, &ErrOptions{"trace", "is empty"}
 	}
 	for _, p := range opts.Policies {
-		if p != RoundRobin && p != Random && p != KVAware {
-			return nil, &ErrOptions{"Policies", fmt.Sprintf("%q (want %s, %s or %s)", p, RoundRobin, Random, KVAware)}
+		if p != RoundRobin && p != Random && p != KVAware && p != ModalityAware {
+			return nil, &ErrOptions{"Policies", fmt.Sprintf("%q (want %s, %s, %s or %s)", p, RoundRobin, Random, KVAware, ModalityAware)}
 		}
 	}
 	for _, e := range opts.Encodings {
@@ -180,7 +185,8 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	feeds := map[string]*router.Engine{}
 	fo := mocker.FleetOptions{Engines: opts.Engines, Prefix: "engine-", Engine: opts.Engine, Clock: mocker.Clock{Virtual: true}}
 	fo.Engine.Seed = seed
-	if policy == KVAware {
+	kv := policy == KVAware || policy == ModalityAware
+	if kv {
 		fo.Publisher = mocker.FeedRouter(feeds)
 	}
 	fleet, err := mocker.NewFleet(fo)
@@ -204,30 +210,41 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	next := 0
 	var decision router.Decision
 	epoch := time.Unix(0, 0)
-	// route sends request i to an engine (at the loop's time now).
-	route := func(i int, now time.Duration) {
+	// Router cost units are blocks of prefill: Dynamo's linear prefill term per block.
+	blockTime := time.Duration(float64(opts.Engine.BlockSize) * 0.01518 * float64(time.Millisecond))
+	// pick chooses request i's engine at the loop's time now; wait is how long until its
+	// features are ready (modality-aware only). -1: rejected.
+	pick := func(i int, now, wait time.Duration) int {
+		p := &prompts[i]
+		switch policy {
+		case RoundRobin:
+			eng := next
+			next = (next + 1) % fleet.Len()
+			return eng
+		case Random:
+			return rnd.IntN(fleet.Len())
+		}
+		req := router.Request{Tokens: p.tokens, Media: p.media}
+		if wait > 0 {
+			req.Extra = func(string) (float64, float64) { return float64(wait) / float64(blockTime), 0 }
+		}
+		if err := rt.Decide(req, &decision); err != nil {
+			states[i].rejected = true
+			return -1
+		}
+		_ = rt.Start(strconv.Itoa(i), decision, decision.Worker, epoch.Add(now))
+		return index[decision.Worker]
+	}
+	// submit sends request i to engine eng at the loop's time now.
+	submit := func(i, eng int, now time.Duration) {
 		p := &prompts[i]
 		st := &states[i]
 		id := strconv.Itoa(i)
-		var eng int
-		switch policy {
-		case RoundRobin:
-			eng, next = next, (next+1)%fleet.Len()
-		case Random:
-			eng = rnd.IntN(fleet.Len())
-		case KVAware:
-			if err := rt.Decide(router.Request{Tokens: p.tokens, Media: p.media}, &decision); err != nil {
-				st.rejected = true
-				return
-			}
-			eng = index[decision.Worker]
-			_ = rt.Start(id, decision, decision.Worker, epoch.Add(now))
-		}
 		req := &mocker.Request{ID: id, Tokens: p.tokens, Media: p.media, MediaIDs: p.mediaIDs, MaxTokens: max(p.rec.OutputLength, 1)}
 		req.Sink = func(o mocker.Output) {
 			if o.First {
 				st.first = o.At
-				if policy == KVAware {
+				if kv {
 					rt.FirstToken(id)
 				}
 			} else if !o.Done || o.Err == nil {
@@ -236,16 +253,21 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 			st.last = o.At
 			if o.Done {
 				st.done, st.cached, st.promptToks = true, o.CachedTokens, o.PromptTokens
-				if policy == KVAware {
+				if kv {
 					rt.Finish(id)
 				}
 			}
 		}
 		if err := fleet.SubmitAt(eng, req, now); err != nil {
 			st.rejected = true
-			if policy == KVAware {
+			if kv {
 				rt.Finish(id)
 			}
+		}
+	}
+	route := func(i int, now time.Duration) {
+		if eng := pick(i, now, 0); eng >= 0 {
+			submit(i, eng, now)
 		}
 	}
 	// Arrivals, through the encoding mode.
@@ -264,6 +286,14 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 			s := slices.Index(slots, slices.Min(slots))
 			ready = max(at, slots[s]) + opts.Encoder.Encode(p.rec.Media)
 			slots[s] = ready
+		}
+		if policy == ModalityAware && ready > at {
+			loop.At(at, func(now time.Duration) {
+				if eng := pick(i, now, ready-now); eng >= 0 {
+					loop.At(ready, func(now time.Duration) { submit(i, eng, now) })
+				}
+			})
+			continue
 		}
 		loop.At(ready, func(now time.Duration) { route(i, now) })
 	}

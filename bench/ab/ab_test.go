@@ -104,3 +104,33 @@ func TestOptionErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, len(res))
 }
+
+// kv-modality routes media requests at arrival and sends them when their features are ready:
+// without encoding it is kv exactly; with encoding every request completes and no media
+// request's first token comes before its encode could have finished.
+func TestModalityAwarePolicy(t *testing.T) {
+	k := synth.DefaultKnobs()
+	k.ImageShare = 0.5
+	k.Seed = 3
+	recs := synthesized(t, 150, k)
+	opts := DefaultOptions()
+	opts.Seed = 5
+	opts.Policies = []string{KVAware, ModalityAware}
+	opts.Encodings = []string{EncodeNone, EncodeAsync}
+	enc := SimEncoder{PerToken: DefaultSimEncoder().PerToken * 20, Workers: 4}
+	opts.Encoder = enc
+	res, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	kvNone, modNone, modAsync := res[0], res[2], res[3]
+	require.Equal(t, kvNone.PerRequestTTFT, modNone.PerRequestTTFT, "no encode wait: the same decisions")
+	require.Zero(t, modAsync.Rejected)
+	media := 0
+	for i, r := range recs {
+		if len(r.Media) > 0 {
+			media++
+			require.GreaterOrEqual(t, modAsync.PerRequestTTFT[i], float64(enc.Encode(r.Media))/1e6, "request %d", i)
+		}
+	}
+	require.NotZero(t, media)
+	t.Logf("TTFT p50: kv/async %.0f ms, kv-modality/async %.0f ms", res[1].TTFT.P50, modAsync.TTFT.P50)
+}

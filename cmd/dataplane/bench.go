@@ -34,7 +34,7 @@ func init() {
 const benchUsage = `Usage: dataplane bench <load|ab|fleet|sweep> [flags]   (dataplane bench <sub> -h)
 
   load   replay a trace open-loop against OpenAI-compatible endpoints: TTFT, ITL, E2E; CSV, PNG
-  ab     the same trace under routing policies (round-robin, random, kv) and encoding modes,
+  ab     the same trace under routing policies (round-robin, random, kv, kv-modality) and encoding modes,
          on a mock fleet in virtual time: one table
   fleet  N mock engines in real time fed a trace in-process (no sockets): do they keep up?
   sweep  encoder latency and throughput for batch sizes 1..64 on the host or a backend plugin
@@ -177,7 +177,7 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	trace := fs.String("trace", "", "trace to replay (JSONL; e.g. from dataplane synth)")
 	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
 	out := fs.String("out", "", "directory for ab.csv and ab_ttft.png")
-	policies := fs.String("policies", strings.Join(o.Policies, ","), "routing policies: round-robin, random, kv")
+	policies := fs.String("policies", strings.Join(o.Policies, ","), "routing policies: round-robin, random, kv, kv-modality (kv with the encode wait in the cost)")
 	encodings := fs.String("encodings", strings.Join(o.Encodings, ","), "encoding modes: none, sync, async")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "mock engines")
 	fs.IntVar(&o.Engine.BlockSize, "block-size", o.Engine.BlockSize, "KV block size = tokens per trace hash id")
