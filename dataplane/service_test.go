@@ -122,6 +122,21 @@ func (d *testDaemon) post(t *testing.T, path string, body any) (int, map[string]
 	return resp.StatusCode, out
 }
 
+// requireNoFeatureBytes checks, from /metrics as an operator would, that the feature store holds
+// nothing: no bytes used, reserved or cached.
+func (d *testDaemon) requireNoFeatureBytes(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, metrics := get(t, d.base+"/metrics")
+		for _, use := range []string{"used", "reserved", "idle"} {
+			if !strings.Contains(metrics, `dataplane_features_pool_bytes{pool="host",use="`+use+`"} 0`+"\n") {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "the metrics show feature bytes still held")
+}
+
 func dataURL(t *testing.T, mime, fixture string) string {
 	b, err := os.ReadFile(fixtures.Path(t, fixture))
 	require.NoError(t, err)
@@ -168,6 +183,8 @@ func TestChatWithImageAndAudio(t *testing.T) {
 	_, metrics := get(t, d.base+"/metrics")
 	require.Contains(t, metrics, `dataplane_media_items_total{cache="hit",modality="image"} 1`)
 	require.Contains(t, metrics, `dataplane_media_items_total{cache="hit",modality="audio"} 1`)
+	require.Contains(t, metrics, `dataplane_encode_batch_items_sum{modality="image"} 2`, "the hit skipped the encoder (one image in each of the first two requests)")
+	require.Contains(t, metrics, `dataplane_encode_batch_items_sum{modality="audio"} 2`)
 	reqs = d.w.requests()
 	require.Equal(t, d.w.embeds[1], d.w.embeds[2], "a cache hit merges the same features")
 }
@@ -254,10 +271,47 @@ func TestBadRequests(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, 405, resp.StatusCode)
 
-	st := d.svc.store.Stats()
-	require.Zero(t, st.Host.Used+st.Host.Reserved, "no feature bytes held after the failures")
+	// Malformed JSON, a body over the limit, and media of a kind no decoder reads.
+	resp, err = http.Post(d.base+"/v1/chat/completions", "application/json", strings.NewReader(`{"messages": [`))
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, 400, resp.StatusCode)
+	require.Contains(t, string(b), "JSON")
+	f("/v1/chat/completions", user(img("data:application/pdf;base64,"+base64.StdEncoding.EncodeToString([]byte("%PDF-1.4")))), 400,
+		"messages[0].content[0]", "")
+	f("/v1/chat/completions", user(map[string]any{"type": "input_audio", "input_audio": map[string]any{"data": base64.StdEncoding.EncodeToString([]byte("RIFFxxxx")), "format": "wav"}}),
+		400, "messages[0].content[0]", "")
+
+	d.requireNoFeatureBytes(t)
 	code, _ := get(t, d.base+"/readyz")
 	require.Equal(t, 200, code)
+}
+
+// A body over the limit is 413; with http(s) fetching on, a URL to a private or loopback
+// address is refused before any connection is made.
+func TestBadRequestsBodyLimitAndPrivateURL(t *testing.T) {
+	d := startDaemon(t, func(o *ServiceOptions) { o.Fetch.HTTP = true })
+	// A raw connection: the server answers once it has read the headers.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", 65<<20)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, 413, resp.StatusCode)
+	require.Contains(t, string(b), "max-body-bytes")
+	for _, url := range []string{"http://127.0.0.1:1/cat.png", "http://[::1]:1/cat.png", "http://localhost:1/cat.png"} {
+		code, out := d.post(t, "/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": []any{
+			map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}}}}}})
+		require.Equal(t, 403, code, "%s: %v", url, out)
+		e := out["error"].(map[string]any)
+		require.Equal(t, "messages[0].content[0]", e["param"], url)
+		require.Contains(t, e["message"], "address not allowed", url)
+	}
+	d.requireNoFeatureBytes(t)
 }
 
 // A client that leaves while its media waits to be encoded: the request is cancelled and every
@@ -272,10 +326,7 @@ func TestDisconnectMidEncode(t *testing.T) {
 	require.Eventually(t, func() bool { st := d.svc.store.Stats(); return st.Host.Reserved > 0 }, 5*time.Second, 5*time.Millisecond,
 		"the image's features are reserved while it waits for the encoder")
 	conn.Close()
-	require.Eventually(t, func() bool {
-		st := d.svc.store.Stats()
-		return st.Host.Used+st.Host.Reserved == 0
-	}, 10*time.Second, 10*time.Millisecond, "every byte released after the disconnect")
+	d.requireNoFeatureBytes(t) // every byte released after the disconnect
 	_, metrics := get(t, d.base+"/metrics")
 	require.Contains(t, metrics, `dataplane_requests_total{endpoint="chat",outcome="cancelled"} 1`)
 	require.Empty(t, d.w.requests(), "the worker never saw it")
