@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,41 +40,56 @@ func TestUsageErrors(t *testing.T) {
 // serve starts, logs its address and backends, answers /healthz, and exits 0 when its
 // context ends (what SIGINT/SIGTERM do).
 func TestServeRunsAndDrains(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logR, logW := io.Pipe()
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0"}, io.Discard, logW)
-		logW.Close()
-	}()
-
-	var addr string
-	lines := bufio.NewScanner(logR)
-	listen := regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`)
-	for addr == "" && lines.Scan() {
-		if m := listen.FindStringSubmatch(lines.Text()); m != nil {
-			addr = m[1]
-		}
-	}
-	require.NotEmpty(t, addr, "no listen address logged")
-	require.True(t, lines.Scan())
-	require.Contains(t, lines.Text(), "msg=backends cpu=")
-	go io.Copy(io.Discard, logR) //nolint:errcheck // keep the logger from blocking
-
-	resp, err := http.Get("http://" + addr + "/healthz")
+	m, stop := startCommand(t, []string{"serve", "--listen", "127.0.0.1:0"},
+		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`), regexp.MustCompile(`msg=backends cpu=`))
+	resp, err := http.Get("http://" + m[0][1] + "/healthz")
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, "ok\n", string(body))
+	stop()
+}
 
-	cancel()
-	select {
-	case c := <-code:
-		require.Equal(t, 0, c)
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve did not exit after its context ended")
+// startCommand runs `dataplane args...` in-process and reads its log until lines matching
+// each of res have appeared, in order; it returns each one's submatches. stop (also run when
+// the test ends) cancels the command's context and checks it exits 0, as it does on
+// SIGINT/SIGTERM.
+func startCommand(t testing.TB, args []string, res ...*regexp.Regexp) (matches [][]string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logR, logW := io.Pipe()
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, args, io.Discard, logW)
+		logW.Close()
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case c := <-code:
+				require.Equal(t, 0, c, "%v", args)
+			case <-time.After(30 * time.Second):
+				t.Errorf("%v did not exit after its context ended", args)
+			}
+		})
 	}
+	t.Cleanup(stop)
+	// Once the lines are found (or a require failed), the rest of the log is discarded so the
+	// logger never blocks.
+	defer func() { go io.Copy(io.Discard, logR) }() //nolint:errcheck
+	lines := bufio.NewScanner(logR)
+	lines.Buffer(nil, 1<<20)
+	for _, re := range res {
+		var m []string
+		for m == nil && lines.Scan() {
+			m = re.FindStringSubmatch(lines.Text())
+		}
+		require.NotNil(t, m, "%v logged no line matching %s", args, re)
+		matches = append(matches, m)
+	}
+	return matches, stop
 }
 
 // The test binary stands in for the dataplane binary when serve runs it as a child

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -22,22 +21,9 @@ import (
 func TestMockCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logR, logW := io.Pipe()
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"mock", "--engines", "2", "--listen", "127.0.0.1:0", "--kv-events", "zmq", "--zmq-port", "0", "--speedup", "10"}, io.Discard, logW)
-		logW.Close()
-	}()
-	var addr string
-	lines := bufio.NewScanner(logR)
-	listen := regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`)
-	for addr == "" && lines.Scan() {
-		if m := listen.FindStringSubmatch(lines.Text()); m != nil {
-			addr = m[1]
-		}
-	}
-	require.NotEmpty(t, addr)
-	go io.Copy(io.Discard, logR) //nolint:errcheck // keep the logger from blocking
+	m, stop := startCommand(t, []string{"mock", "--engines", "2", "--listen", "127.0.0.1:0", "--kv-events", "zmq", "--zmq-port", "0", "--speedup", "10"},
+		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
+	addr := m[0][1]
 
 	resp, err := http.Get("http://" + addr + "/engines")
 	require.NoError(t, err)
@@ -74,8 +60,7 @@ func TestMockCommand(t *testing.T) {
 	require.Contains(t, string(raw), "data: [DONE]")
 	require.Eventually(t, func() bool { return rt.Index().Held(feed.Worker(), 0) == 4 }, 10*time.Second, 20*time.Millisecond,
 		"the router sees the 4 full blocks of the 64-token prompt")
-	cancel()
-	require.Equal(t, 0, <-code)
+	stop()
 }
 
 // Flags that make no sense are usage errors.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -26,22 +25,9 @@ func TestRouterCommand(t *testing.T) {
 	defer pub.Close()
 	ep := "tcp://" + pub.Addr().String()
 
-	logR, logW := io.Pipe()
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"router", "--listen", "127.0.0.1:0", "--kv-events", ep, "--workers", "vllm-a=" + ep}, io.Discard, logW)
-		logW.Close()
-	}()
-	var addr string
-	lines := bufio.NewScanner(logR)
-	listen := regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`)
-	for addr == "" && lines.Scan() {
-		if m := listen.FindStringSubmatch(lines.Text()); m != nil {
-			addr = m[1]
-		}
-	}
-	require.NotEmpty(t, addr)
-	go io.Copy(io.Discard, logR) //nolint:errcheck // keep the logger from blocking
+	m, stop := startCommand(t, []string{"router", "--listen", "127.0.0.1:0", "--kv-events", ep, "--workers", "vllm-a=" + ep},
+		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
+	addr := m[0][1]
 	require.Eventually(t, func() bool { return len(pub.(interface{ Topics() []string }).Topics()) > 0 }, 10*time.Second, 10*time.Millisecond)
 
 	// [1, [["BlockStored", [7], nil, [0..15], 16, nil, "GPU"]]] in msgpack, tokens 0..15.
@@ -71,14 +57,7 @@ func TestRouterCommand(t *testing.T) {
 		return json.NewDecoder(resp.Body).Decode(&d) == nil && len(d.Scores) == 1 && d.Scores[0].Overlap == 1
 	}, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, "vllm-a", d.Worker)
-
-	cancel()
-	select {
-	case c := <-code:
-		require.Equal(t, 0, c)
-	case <-time.After(15 * time.Second):
-		t.Fatal("router did not exit after its context ended")
-	}
+	stop()
 }
 
 func TestRouterCommandUsage(t *testing.T) {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,34 +18,9 @@ import (
 // (demo models, the mock:4 fleet); it returns the base URL and the curl line it printed.
 func startServe(t testing.TB, args ...string) (base, curl string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	logR, logW := io.Pipe()
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn"}, args...), io.Discard, logW)
-		logW.Close()
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case c := <-code:
-			require.Equal(t, 0, c)
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop")
-		}
-	})
-	lines := bufio.NewScanner(logR)
-	lines.Buffer(nil, 1<<20)
-	for curl == "" && lines.Scan() {
-		if strings.HasPrefix(lines.Text(), "curl ") {
-			curl = lines.Text()
-		}
-	}
-	require.NotEmpty(t, curl, "serve printed no curl line")
-	go io.Copy(io.Discard, logR) //nolint:errcheck // keep the logger from blocking
-	m := regexp.MustCompile(`^curl -s (http://[0-9.:]+)/v1/chat/completions -H 'Content-Type: application/json' -d '(.*)'$`).FindStringSubmatch(curl)
-	require.NotNil(t, m, curl)
-	return m[1], curl
+	m, _ := startCommand(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn"}, args...),
+		regexp.MustCompile(`^curl -s (http://[0-9.:]+)/v1/chat/completions -H 'Content-Type: application/json' -d '(.*)'$`))
+	return m[0][1], m[0][0]
 }
 
 func postJSON(t testing.TB, url string, body []byte) (int, map[string]any) {
