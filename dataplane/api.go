@@ -180,7 +180,7 @@ func (s *Server) completions(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	p := &prompt{endpoint: "completions", tokens: ids, style: PlaceholderSingle, sampling: req.Sampling, ext: req.Ext}
-	s.generate(ctx, p, req.Stream, false, completionStream{})
+	s.generate(ctx, p, req.Stream, req.IncludeUsage, completionStream{})
 }
 
 func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
@@ -204,7 +204,7 @@ func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
 		style = PlaceholderExpanded
 	}
 	p := &prompt{endpoint: "pretokenized", tokens: req.TokenIDs, style: style, media: req.Media, sampling: req.Sampling, ext: req.Ext}
-	s.generate(ctx, p, req.Stream, false, completionStream{})
+	s.generate(ctx, p, req.Stream, req.IncludeUsage, completionStream{})
 }
 
 // streamFormat writes a generation as one endpoint's responses.
@@ -321,7 +321,11 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUs
 }
 
 func usage(g *Generation, done worker.Event, completion int) openai.Usage {
-	return openai.Usage{PromptTokens: g.PromptTokens, CompletionTokens: completion, TotalTokens: g.PromptTokens + completion}
+	u := openai.Usage{PromptTokens: g.PromptTokens, CompletionTokens: completion, TotalTokens: g.PromptTokens + completion}
+	if done.CachedTokens > 0 {
+		u.PromptTokensDetails = &openai.PromptTokensDetails{CachedTokens: done.CachedTokens}
+	}
+	return u
 }
 
 func generationError(ctx context.Context, ev worker.Event) *openai.Error {

@@ -32,10 +32,11 @@ import (
 // bench/ and drives the daemon end to end in cmd/dataplane's tests): it answers "tok0 tok1 ..."
 // and keeps every request it got.
 type echoWorker struct {
-	name  string
-	delay time.Duration
-	mu    sync.Mutex
-	got   []*worker.Request
+	name   string
+	delay  time.Duration
+	cached int // prompt tokens it says it found in its cache
+	mu     sync.Mutex
+	got    []*worker.Request
 	// embeds keeps a copy of each request's merged sequence (the original is released after
 	// the first token).
 	embeds [][]byte
@@ -48,6 +49,7 @@ func (w *echoWorker) Generate(ctx context.Context, r *worker.Request) (<-chan wo
 	w.mu.Lock()
 	w.got = append(w.got, r)
 	w.embeds = append(w.embeds, bytes.Clone(r.Embeds.Data))
+	cached := w.cached
 	w.mu.Unlock()
 	ch := make(chan worker.Event, r.Sampling.MaxTokens+1)
 	go func() {
@@ -61,7 +63,7 @@ func (w *echoWorker) Generate(ctx context.Context, r *worker.Request) (<-chan wo
 			}
 			ch <- worker.Event{Text: fmt.Sprintf("tok%d ", i), Tokens: 1}
 		}
-		ch <- worker.Event{Done: true, FinishReason: "length", PromptTokens: len(r.TokenIDs)}
+		ch <- worker.Event{Done: true, FinishReason: "length", PromptTokens: len(r.TokenIDs), CachedTokens: cached}
 	}()
 	return ch, nil
 }
@@ -233,6 +235,19 @@ func TestTextOnlyAndStreaming(t *testing.T) {
 	require.Equal(t, "tok0 tok1 tok2 tok3 ", text.String())
 	require.Equal(t, float64(4), lastUsage["completion_tokens"])
 	require.GreaterOrEqual(t, events, 6) // role, 4 tokens, finish, usage
+
+	// Completions stream their usage too when asked, with what the engine had cached.
+	d.w.mu.Lock()
+	d.w.cached = 3
+	d.w.mu.Unlock()
+	raw, _ = json.Marshal(map[string]any{"prompt": "Once upon a time", "max_tokens": 2, "stream": true, "stream_options": map[string]any{"include_usage": true}})
+	resp2, err := http.Post(d.base+"/v1/completions", "application/json", bytes.NewReader(raw))
+	require.NoError(t, err)
+	defer resp2.Body.Close()
+	body, _ := io.ReadAll(resp2.Body)
+	require.Contains(t, string(body), `"usage":{"prompt_tokens":`)
+	require.Contains(t, string(body), `"completion_tokens":2,`)
+	require.Contains(t, string(body), `"prompt_tokens_details":{"cached_tokens":3}`)
 }
 
 // Bad requests are 4xx naming the problem; the daemon stays up and holds no feature bytes.

@@ -133,6 +133,7 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	out := fs.String("out", "", "directory for requests.csv, ttft_cdf.png, latency_over_time.png")
 	fs.StringVar(&o.Model, "model", "", `"model" field of each request`)
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per trace hash id")
+	fs.IntVar(&o.Vocab, "vocab", o.Vocab, "prompt token ids are drawn below this (the served model's regular vocabulary: 10256 for serve's demo tokenizer)")
 	fs.Float64Var(&o.Speedup, "speedup", o.Speedup, "replay this many times faster than the trace")
 	fs.IntVar(&o.MaxInFlight, "max-in-flight", o.MaxInFlight, "requests in flight; beyond, requests are skipped (and counted)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "per request")

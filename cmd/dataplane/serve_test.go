@@ -62,6 +62,11 @@ func TestServeDefaultsWithMockFleet(t *testing.T) {
 		}
 		return false
 	}, 10*time.Second, 50*time.Millisecond, "the engine's KV events reached the router")
+	code, out = postJSON(t, base+"/v1/chat/completions", body)
+	require.Equal(t, 200, code)
+	details, _ := out["usage"].(map[string]any)["prompt_tokens_details"].(map[string]any)
+	require.NotNil(t, details, "usage says what the engine had cached: %v", out["usage"])
+	require.Greater(t, details["cached_tokens"].(float64), float64(256), "the engine found the prompt, picture included, in its cache")
 
 	resp, err := http.Get(base + "/metrics")
 	require.NoError(t, err)

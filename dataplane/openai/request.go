@@ -109,22 +109,25 @@ type CompletionRequest struct {
 	Prompt    string
 	PromptIDs []int32 // set instead of Prompt when the prompt is token ids
 	Stream    bool
-	Echo      bool
-	Sampling  Sampling
-	Ext       Extensions
+	// IncludeUsage: stream_options.include_usage, a last chunk with the usage.
+	IncludeUsage bool
+	Echo         bool
+	Sampling     Sampling
+	Ext          Extensions
 }
 
 // PretokenizedRequest is a parsed POST /v1/pretokenized: token ids with the model's
 // placeholder tokens where media go (one per item, or runs already expanded to each item's
 // token count, as Style says), and the media in placeholder order.
 type PretokenizedRequest struct {
-	Model    string
-	TokenIDs []int32
-	Style    string // "single" (default) or "expanded"
-	Media    []*Media
-	Stream   bool
-	Sampling Sampling
-	Ext      Extensions
+	Model        string
+	TokenIDs     []int32
+	Style        string // "single" (default) or "expanded"
+	Media        []*Media
+	Stream       bool
+	IncludeUsage bool // stream_options.include_usage
+	Sampling     Sampling
+	Ext          Extensions
 }
 
 // Error is an API error: an HTTP status and the body OpenAI clients parse.
@@ -176,13 +179,15 @@ func BadRequest(param, format string, args ...any) *Error {
 
 // ---- chat ----
 
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
 type rawChat struct {
-	Model         string       `json:"model"`
-	Messages      []rawMessage `json:"messages"`
-	Stream        bool         `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
+	Model               string          `json:"model"`
+	Messages            []rawMessage    `json:"messages"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Temperature         *float64        `json:"temperature"`
@@ -365,20 +370,21 @@ func part(rp rawPart, path string) (Part, error) {
 // ---- completions ----
 
 type rawCompletion struct {
-	Model        string          `json:"model"`
-	Prompt       json.RawMessage `json:"prompt"`
-	Stream       bool            `json:"stream"`
-	Echo         bool            `json:"echo"`
-	MaxTokens    *int            `json:"max_tokens"`
-	Temperature  *float64        `json:"temperature"`
-	TopP         *float64        `json:"top_p"`
-	N            *int            `json:"n"`
-	Seed         *int64          `json:"seed"`
-	Stop         json.RawMessage `json:"stop"`
-	CachePolicy  string          `json:"cache_policy"`
-	TextFallback bool            `json:"text_fallback"`
-	CacheSalt    string          `json:"cache_salt"`
-	Priority     string          `json:"priority"`
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+	Echo          bool            `json:"echo"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Temperature   *float64        `json:"temperature"`
+	TopP          *float64        `json:"top_p"`
+	N             *int            `json:"n"`
+	Seed          *int64          `json:"seed"`
+	Stop          json.RawMessage `json:"stop"`
+	CachePolicy   string          `json:"cache_policy"`
+	TextFallback  bool            `json:"text_fallback"`
+	CacheSalt     string          `json:"cache_salt"`
+	Priority      string          `json:"priority"`
 }
 
 // ParseCompletion parses and checks a text completion request body. The prompt is one string
@@ -388,7 +394,7 @@ func ParseCompletion(body []byte, lim Limits) (*CompletionRequest, error) {
 	if err := decode(body, &raw); err != nil {
 		return nil, err
 	}
-	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo}
+	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo, IncludeUsage: raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage}
 	var err error
 	if req.Sampling, err = sampling(raw.MaxTokens, raw.Temperature, raw.TopP, raw.N, raw.Seed, raw.Stop, lim); err != nil {
 		return nil, err
@@ -442,16 +448,17 @@ type rawPretokenized struct {
 		Format   string `json:"format"`
 		UUID     string `json:"uuid"`
 	} `json:"media"`
-	Stream       bool            `json:"stream"`
-	MaxTokens    *int            `json:"max_tokens"`
-	Temperature  *float64        `json:"temperature"`
-	TopP         *float64        `json:"top_p"`
-	Seed         *int64          `json:"seed"`
-	Stop         json.RawMessage `json:"stop"`
-	CachePolicy  string          `json:"cache_policy"`
-	TextFallback bool            `json:"text_fallback"`
-	CacheSalt    string          `json:"cache_salt"`
-	Priority     string          `json:"priority"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Temperature   *float64        `json:"temperature"`
+	TopP          *float64        `json:"top_p"`
+	Seed          *int64          `json:"seed"`
+	Stop          json.RawMessage `json:"stop"`
+	CachePolicy   string          `json:"cache_policy"`
+	TextFallback  bool            `json:"text_fallback"`
+	CacheSalt     string          `json:"cache_salt"`
+	Priority      string          `json:"priority"`
 }
 
 // ParsePretokenized parses and checks a pre-tokenized request body.
@@ -460,7 +467,7 @@ func ParsePretokenized(body []byte, lim Limits) (*PretokenizedRequest, error) {
 	if err := decode(body, &raw); err != nil {
 		return nil, err
 	}
-	req := &PretokenizedRequest{Model: raw.Model, Stream: raw.Stream, Style: raw.Style}
+	req := &PretokenizedRequest{Model: raw.Model, Stream: raw.Stream, Style: raw.Style, IncludeUsage: raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage}
 	var err error
 	if req.Sampling, err = sampling(raw.MaxTokens, raw.Temperature, raw.TopP, nil, raw.Seed, raw.Stop, lim); err != nil {
 		return nil, err
