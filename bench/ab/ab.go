@@ -67,6 +67,24 @@ func (s SimEncoder) Encode(items []synth.Media) time.Duration {
 
 func (s SimEncoder) Slots() int { return max(s.Workers, 1) }
 
+// Calibrate measures a real encoder: run encodes one batch of tokens media tokens; the median
+// of runs timed calls, per token, becomes PerToken, with slots encodes at once.
+func Calibrate(run func() error, tokens, runs, slots int) (SimEncoder, error) {
+	if tokens <= 0 || runs <= 0 || slots <= 0 {
+		return SimEncoder{}, &ErrOptions{"Encoder", fmt.Sprintf("calibration with %d tokens, %d runs, %d slots", tokens, runs, slots)}
+	}
+	times := make([]time.Duration, runs)
+	for i := range times {
+		t0 := time.Now()
+		if err := run(); err != nil {
+			return SimEncoder{}, fmt.Errorf("calibrating the encoder: %w", err)
+		}
+		times[i] = time.Since(t0)
+	}
+	slices.Sort(times)
+	return SimEncoder{PerToken: times[runs/2] / time.Duration(tokens), Workers: slots}, nil
+}
+
 // Options configure a comparison. DefaultOptions has the defaults.
 type Options struct {
 	Engines   int            // mock engines; 4

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -133,4 +134,20 @@ func TestModalityAwarePolicy(t *testing.T) {
 	}
 	require.NotZero(t, media)
 	t.Logf("TTFT p50: kv/async %.0f ms, kv-modality/async %.0f ms", res[1].TTFT.P50, modAsync.TTFT.P50)
+}
+
+// Calibrate turns the median of measured runs into a cost per token; bad counts are errors.
+func TestCalibrate(t *testing.T) {
+	calls := 0
+	enc, err := Calibrate(func() error { calls++; time.Sleep(10 * time.Millisecond); return nil }, 100, 3, 4)
+	require.NoError(t, err)
+	require.Equal(t, 3, calls)
+	require.GreaterOrEqual(t, enc.PerToken, 100*time.Microsecond, "at least the 10 ms sleep over 100 tokens")
+	require.Equal(t, 4, enc.Slots())
+	require.Equal(t, 50*enc.PerToken, enc.Encode([]synth.Media{{Tokens: 20}, {Tokens: 30}}))
+	_, err = Calibrate(func() error { return nil }, 0, 3, 1)
+	var oe *ErrOptions
+	require.ErrorAs(t, err, &oe)
+	_, err = Calibrate(func() error { return os.ErrClosed }, 10, 3, 1)
+	require.ErrorIs(t, err, os.ErrClosed)
 }

@@ -179,7 +179,10 @@ func NewPreset(name string, threads int) (*Host, error) {
 }
 
 func (h *Host) Name() string { return h.name }
-func (h *Host) Close()       { h.m.Close() }
+
+// Tokens is how many feature rows (tokens) one item encodes to.
+func (h *Host) Tokens() int { n, _ := h.m.Tokens(h.input); return n }
+func (h *Host) Close()      { h.m.Close() }
 
 func (h *Host) Run(batch int) error {
 	tokens, _ := h.m.Tokens(h.input)

@@ -187,6 +187,7 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&o.Seed, "seed", 0, "engines' and random policy's seed (0: random)")
 	encodeMS := fs.Float64("encode-ms-per-1k-tokens", float64(ab.DefaultSimEncoder().PerToken*1000)/1e6, "the simulated encoder's cost")
 	encodeSlots := fs.Int("encode-slots", ab.DefaultSimEncoder().Workers, "the simulated encoder's parallel slots (async)")
+	calibrate := fs.String("encoder-preset", "", "measure the encoder's cost on this machine instead: a sweep preset (vit-tiny, clip-b16, clip-l14-336, whisper-tiny, whisper-base) run at batch 1 on the CPU kernels")
 	if err := parseBench(fs, args, stderr); err != nil {
 		return err
 	}
@@ -197,6 +198,19 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	o.Policies, o.Encodings = splitList(*policies), splitList(*encodings)
 	o.Router.BlockSize = o.Engine.BlockSize
 	o.Encoder = ab.SimEncoder{PerToken: time.Duration(*encodeMS * 1e6 / 1000), Workers: *encodeSlots}
+	if *calibrate != "" {
+		h, err := sweep.NewPreset(*calibrate, 0)
+		if err != nil {
+			return err
+		}
+		enc, err := ab.Calibrate(func() error { return h.Run(1) }, h.Tokens(), 3, *encodeSlots)
+		h.Close()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "encoder %s on this machine: %.3f ms per 1k media tokens, %d slots\n", *calibrate, float64(enc.PerToken*1000)/1e6, enc.Workers)
+		o.Encoder = enc
+	}
 	if o.Seed == 0 {
 		o.Seed = randSeed()
 	}

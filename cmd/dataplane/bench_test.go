@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -21,6 +22,15 @@ func runBench(t *testing.T, args ...string) string {
 	code := run(context.Background(), append([]string{"bench"}, args...), &stdout, &stderr)
 	require.Equal(t, 0, code, stderr.String())
 	return stdout.String()
+}
+
+// runBenchErr runs a bench command that must fail and returns what it said.
+func runBenchErr(t *testing.T, args ...string) string {
+	t.Helper()
+	var stderr bytes.Buffer
+	code := run(context.Background(), append([]string{"bench"}, args...), io.Discard, &stderr)
+	require.NotEqual(t, 0, code)
+	return stderr.String()
 }
 
 // `bench ab` prints one row per policy and the comparison, and writes its CSV and chart.
@@ -78,4 +88,23 @@ func TestBenchSweep(t *testing.T) {
 	var stderr bytes.Buffer
 	require.Equal(t, 2, run(context.Background(), []string{"bench", "sweep", "--batches", "0"}, &bytes.Buffer{}, &stderr))
 	require.Equal(t, 2, run(context.Background(), []string{"bench", "nope"}, &bytes.Buffer{}, &stderr))
+}
+
+// `bench ab --encoder-preset` measures the encoder on this machine and replays sync and async
+// encoding with that cost.
+func TestBenchABCalibratedEncoder(t *testing.T) {
+	trace := synthTrace(t, "--requests", "60", "--seed", "5", "--image-share", "0.5")
+	out := runBench(t, "ab", "--trace", trace, "--seed", "9", "--policies", "kv,kv-modality", "--encodings", "sync,async", "--encoder-preset", "vit-tiny")
+	require.Regexp(t, `encoder vit-tiny on this machine: [\d.]+ ms per 1k media tokens, 2 slots`, out)
+	require.Regexp(t, `(?m)^\s+kv-modality\s+async`, out)
+	require.Contains(t, runBenchErr(t, "ab", "--trace", trace, "--encoder-preset", "vit-huge"), `no preset "vit-huge"`)
+}
+
+// `bench load` drives `dataplane serve` itself (its mock fleet behind it): every request
+// completes through the daemon's whole path.
+func TestBenchLoadAgainstServe(t *testing.T) {
+	trace := synthTrace(t, "--requests", "20", "--seed", "6", "--speedup-ratio", "20", "--osl-multiplier", "0.1")
+	base, _ := startServe(t, "--mock-speedup", "50", "--max-prompt-tokens", "1000000")
+	out := runBench(t, "load", "--endpoints", base, "--trace", trace, "--speedup", "5", "--vocab", "10256")
+	require.Contains(t, out, "requests 20: 20 completed, 0 failed")
 }
