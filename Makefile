@@ -80,11 +80,22 @@ bench: deps-test
 	cmake --build $(BUILD) --parallel
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b || exit 1; done
 
+# Go 1.26's fuzz coordinator can report "context deadline exceeded" as -fuzztime ends, with no
+# failing input (golang/go#75804, fixed in Go 1.27): such a run is a flake, said so and passed;
+# any other failure, or one that wrote a reproducer under testdata/fuzz/, fails the target.
 fuzz:
-	@for pkg in $$($(GO) list ./...); do \
+	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	for pkg in $$($(GO) list ./...); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "== $$pkg $$f"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	    before=$$(ls $$dir/testdata/fuzz/$$f 2>/dev/null | wc -l); \
+	    if ! $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >$$log 2>&1; then \
+	      after=$$(ls $$dir/testdata/fuzz/$$f 2>/dev/null | wc -l); \
+	      if [ "$$after" = "$$before" ] && grep -q 'context deadline exceeded' $$log; then \
+	        tail -n 3 $$log; echo "   (the Go 1.26 fuzz-deadline flake, golang/go#75804: no failing input; passed)"; \
+	      else cat $$log; exit 1; fi; \
+	    else tail -n 2 $$log; fi; \
 	  done; \
 	done
 
