@@ -344,6 +344,7 @@ func addMockFleet(ctx context.Context, wg *sync.WaitGroup, svc *dataplane.Servic
 			log.Error("mock fleet stopped", "err", err)
 		}
 	}()
-	log.Info("LLM workers: in-process mock fleet", "engines", n, "block_size", blockSize, "speedup", speedup)
+	log.Warn("LLM workers: in-process mock engines (Dynamo's mocker model): completions are placeholder words, not a model's; give --workers http://... for real engines",
+		"engines", n, "block_size", blockSize, "speedup", speedup)
 	return nil
 }
