@@ -3,28 +3,12 @@
  * median of RUNS and the ratio DFT time / FFT time. */
 #include <math.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "../dp_media.h"
+#include "bench.h"
 #include "check.h"
 
 enum { N = 480000, MELS = 80, RUNS = 31 };
-
-static double now(void) {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-	qsort(v, (size_t)n, sizeof *v, cmp_double);
-	return v[n / 2];
-}
 
 int main(void) {
 	float *x = malloc(sizeof(float) * N);

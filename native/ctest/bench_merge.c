@@ -3,29 +3,13 @@
  * Prints the median of N runs and the ratio merge/memcpy throughput. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../dp.h"
+#include "bench.h"
 #include "check.h"
 
 enum { D = 4096, VOCAB = 32000, RUNS = 15 };
-
-static double now(void) {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-	qsort(v, (size_t)n, sizeof *v, cmp_double);
-	return v[n / 2];
-}
 
 /* bench lays out segments (n > 0 text tokens, n < 0 a media span) and times merge vs memcpy. */
 static void bench(const char *name, const int *seg, int n_seg, const void *table, int32_t threads) {
