@@ -137,6 +137,16 @@ func (s *Server) checkModel(model string) *openai.Error {
 		Message: fmt.Sprintf("model %q is not served here (GET /v1/models lists %q)", model, s.svc.models.Name)}
 }
 
+// checkTokenIDs refuses ids the model's embedding table has no row for (param names the list).
+func (s *Server) checkTokenIDs(ids []int32, param string) *openai.Error {
+	for i, id := range ids {
+		if int(id) >= s.svc.models.Table.Rows {
+			return openai.BadRequest(fmt.Sprintf("%s[%d]", param, i), "token id %d outside the model's %d", id, s.svc.models.Table.Rows)
+		}
+	}
+	return nil
+}
+
 func (s *Server) chat(ctx *fasthttp.RequestCtx) {
 	req, err := openai.ParseChat(ctx.PostBody(), s.svc.opts.Limits)
 	if err != nil {
@@ -173,11 +183,9 @@ func (s *Server) completions(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	for i, id := range ids {
-		if int(id) >= s.svc.models.Table.Rows {
-			writeAPIError(ctx, openai.BadRequest(fmt.Sprintf("prompt[%d]", i), "token id %d outside the model's %d", id, s.svc.models.Table.Rows))
-			return
-		}
+	if e := s.checkTokenIDs(ids, "prompt"); e != nil {
+		writeAPIError(ctx, e)
+		return
 	}
 	p := &prompt{endpoint: "completions", tokens: ids, style: PlaceholderSingle, sampling: req.Sampling, ext: req.Ext}
 	s.generate(ctx, p, req.Stream, req.IncludeUsage, completionStream{})
@@ -193,11 +201,9 @@ func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
 		writeAPIError(ctx, e)
 		return
 	}
-	for i, id := range req.TokenIDs {
-		if int(id) >= s.svc.models.Table.Rows {
-			writeAPIError(ctx, openai.BadRequest(fmt.Sprintf("token_ids[%d]", i), "token id %d outside the model's %d", id, s.svc.models.Table.Rows))
-			return
-		}
+	if e := s.checkTokenIDs(req.TokenIDs, "token_ids"); e != nil {
+		writeAPIError(ctx, e)
+		return
 	}
 	style := PlaceholderSingle
 	if req.Style == "expanded" {
@@ -363,14 +369,7 @@ func watchDisconnect(conn net.Conn, cancel func()) func() {
 				return
 			case <-tick.C:
 			}
-			closed := false
-			raw.Read(func(fd uintptr) bool { //nolint:errcheck
-				var b [1]byte
-				n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-				closed = n == 0 && err == nil // an orderly shutdown: end of stream
-				return true
-			})
-			if closed {
+			if n, err := peekSocket(raw); n == 0 && err == nil { // an orderly shutdown: end of stream
 				cancel()
 				return
 			}

@@ -91,11 +91,20 @@ func (c *trackedConn) pending() bool {
 	if err != nil {
 		return false
 	}
-	var n int
-	// Control, not Read: fasthttp's goroutine sits in Read holding the read lock.
-	raw.Control(func(fd uintptr) { //nolint:errcheck
-		var b [1]byte
-		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	})
+	n, _ := peekSocket(raw)
 	return n > 0
+}
+
+// peekSocket looks at the socket without consuming or waiting: n > 0 means bytes wait to be
+// read; n == 0 with a nil error means the peer closed its end; an error (EAGAIN) means
+// nothing has arrived. It uses Control, not Read: the socket's reader may sit in Read holding
+// its read lock.
+func peekSocket(raw syscall.RawConn) (n int, err error) {
+	if cerr := raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	}); cerr != nil {
+		return -1, cerr
+	}
+	return n, err
 }

@@ -183,22 +183,46 @@ type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
+// rawCommon is what every generation request carries besides its prompt.
+type rawCommon struct {
+	Model         string          `json:"model"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Temperature   *float64        `json:"temperature"`
+	TopP          *float64        `json:"top_p"`
+	N             *int            `json:"n"`
+	Seed          *int64          `json:"seed"`
+	Stop          json.RawMessage `json:"stop"`
+	CachePolicy   string          `json:"cache_policy"`
+	TextFallback  bool            `json:"text_fallback"`
+	CacheSalt     string          `json:"cache_salt"`
+	Priority      string          `json:"priority"`
+}
+
+// check checks the common fields; maxTokens, when not nil, stands for MaxTokens (chat's
+// max_completion_tokens).
+func (c *rawCommon) check(maxTokens *int, lim Limits) (includeUsage bool, s Sampling, e Extensions, err error) {
+	if c.StreamOptions != nil {
+		if !c.Stream {
+			return false, s, e, BadRequest("stream_options", "stream_options is only allowed with stream: true")
+		}
+		includeUsage = c.StreamOptions.IncludeUsage
+	}
+	if maxTokens == nil {
+		maxTokens = c.MaxTokens
+	}
+	if s, err = sampling(maxTokens, c.Temperature, c.TopP, c.N, c.Seed, c.Stop, lim); err != nil {
+		return false, s, e, err
+	}
+	e, err = extensions(c.CachePolicy, c.TextFallback, c.CacheSalt, c.Priority)
+	return includeUsage, s, e, err
+}
+
 type rawChat struct {
-	Model               string          `json:"model"`
-	Messages            []rawMessage    `json:"messages"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *streamOptions  `json:"stream_options"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	N                   *int            `json:"n"`
-	Seed                *int64          `json:"seed"`
-	Stop                json.RawMessage `json:"stop"`
-	CachePolicy         string          `json:"cache_policy"`
-	TextFallback        bool            `json:"text_fallback"`
-	CacheSalt           string          `json:"cache_salt"`
-	Priority            string          `json:"priority"`
+	rawCommon
+	Messages            []rawMessage `json:"messages"`
+	MaxCompletionTokens *int         `json:"max_completion_tokens"`
 }
 
 type rawMessage struct {
@@ -236,21 +260,8 @@ func ParseChat(body []byte, lim Limits) (*ChatRequest, error) {
 		return nil, err
 	}
 	req := &ChatRequest{Model: raw.Model, Stream: raw.Stream}
-	if raw.StreamOptions != nil {
-		if !raw.Stream {
-			return nil, BadRequest("stream_options", "stream_options is only allowed with stream: true")
-		}
-		req.IncludeUsage = raw.StreamOptions.IncludeUsage
-	}
-	maxTokens := raw.MaxCompletionTokens
-	if maxTokens == nil {
-		maxTokens = raw.MaxTokens
-	}
 	var err error
-	if req.Sampling, err = sampling(maxTokens, raw.Temperature, raw.TopP, raw.N, raw.Seed, raw.Stop, lim); err != nil {
-		return nil, err
-	}
-	if req.Ext, err = extensions(raw.CachePolicy, raw.TextFallback, raw.CacheSalt, raw.Priority); err != nil {
+	if req.IncludeUsage, req.Sampling, req.Ext, err = raw.check(raw.MaxCompletionTokens, lim); err != nil {
 		return nil, err
 	}
 	if len(raw.Messages) == 0 {
@@ -370,21 +381,9 @@ func part(rp rawPart, path string) (Part, error) {
 // ---- completions ----
 
 type rawCompletion struct {
-	Model         string          `json:"model"`
-	Prompt        json.RawMessage `json:"prompt"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
-	Echo          bool            `json:"echo"`
-	MaxTokens     *int            `json:"max_tokens"`
-	Temperature   *float64        `json:"temperature"`
-	TopP          *float64        `json:"top_p"`
-	N             *int            `json:"n"`
-	Seed          *int64          `json:"seed"`
-	Stop          json.RawMessage `json:"stop"`
-	CachePolicy   string          `json:"cache_policy"`
-	TextFallback  bool            `json:"text_fallback"`
-	CacheSalt     string          `json:"cache_salt"`
-	Priority      string          `json:"priority"`
+	rawCommon
+	Prompt json.RawMessage `json:"prompt"`
+	Echo   bool            `json:"echo"`
 }
 
 // ParseCompletion parses and checks a text completion request body. The prompt is one string
@@ -394,12 +393,9 @@ func ParseCompletion(body []byte, lim Limits) (*CompletionRequest, error) {
 	if err := decode(body, &raw); err != nil {
 		return nil, err
 	}
-	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo, IncludeUsage: raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage}
+	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo}
 	var err error
-	if req.Sampling, err = sampling(raw.MaxTokens, raw.Temperature, raw.TopP, raw.N, raw.Seed, raw.Stop, lim); err != nil {
-		return nil, err
-	}
-	if req.Ext, err = extensions(raw.CachePolicy, raw.TextFallback, raw.CacheSalt, raw.Priority); err != nil {
+	if req.IncludeUsage, req.Sampling, req.Ext, err = raw.check(nil, lim); err != nil {
 		return nil, err
 	}
 	if req.Sampling.MaxTokens == 0 {
@@ -438,7 +434,7 @@ func ParseCompletion(body []byte, lim Limits) (*CompletionRequest, error) {
 // ---- pre-tokenized ----
 
 type rawPretokenized struct {
-	Model    string  `json:"model"`
+	rawCommon
 	TokenIDs []int64 `json:"token_ids"`
 	Style    string  `json:"placeholder_style"`
 	Media    []struct {
@@ -448,17 +444,6 @@ type rawPretokenized struct {
 		Format   string `json:"format"`
 		UUID     string `json:"uuid"`
 	} `json:"media"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
-	MaxTokens     *int            `json:"max_tokens"`
-	Temperature   *float64        `json:"temperature"`
-	TopP          *float64        `json:"top_p"`
-	Seed          *int64          `json:"seed"`
-	Stop          json.RawMessage `json:"stop"`
-	CachePolicy   string          `json:"cache_policy"`
-	TextFallback  bool            `json:"text_fallback"`
-	CacheSalt     string          `json:"cache_salt"`
-	Priority      string          `json:"priority"`
 }
 
 // ParsePretokenized parses and checks a pre-tokenized request body.
@@ -467,12 +452,9 @@ func ParsePretokenized(body []byte, lim Limits) (*PretokenizedRequest, error) {
 	if err := decode(body, &raw); err != nil {
 		return nil, err
 	}
-	req := &PretokenizedRequest{Model: raw.Model, Stream: raw.Stream, Style: raw.Style, IncludeUsage: raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage}
+	req := &PretokenizedRequest{Model: raw.Model, Stream: raw.Stream, Style: raw.Style}
 	var err error
-	if req.Sampling, err = sampling(raw.MaxTokens, raw.Temperature, raw.TopP, nil, raw.Seed, raw.Stop, lim); err != nil {
-		return nil, err
-	}
-	if req.Ext, err = extensions(raw.CachePolicy, raw.TextFallback, raw.CacheSalt, raw.Priority); err != nil {
+	if req.IncludeUsage, req.Sampling, req.Ext, err = raw.check(nil, lim); err != nil {
 		return nil, err
 	}
 	switch req.Style {
@@ -529,7 +511,9 @@ func decode(body []byte, v any) error {
 	if err := json.Unmarshal(body, v); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return BadRequest(typeErr.Field, "want %s, got %s", jsonKind(typeErr.Type), typeErr.Value)
+			// encoding/json names a field of an embedded struct with the struct's type first.
+			field := strings.TrimPrefix(typeErr.Field, "rawCommon.")
+			return BadRequest(field, "want %s, got %s", jsonKind(typeErr.Type), typeErr.Value)
 		}
 		return BadRequest("", "malformed JSON: %v", jsonMessage(err))
 	}

@@ -105,12 +105,18 @@ func TestParseCompletion(t *testing.T) {
 	req, err = ParseCompletion([]byte(`{"prompt":["one"]}`), DefaultLimits())
 	require.NoError(t, err)
 	require.Equal(t, "one", req.Prompt)
+	require.False(t, req.IncludeUsage)
+	req, err = ParseCompletion([]byte(`{"prompt":"x","stream":true,"stream_options":{"include_usage":true}}`), DefaultLimits())
+	require.NoError(t, err)
+	require.True(t, req.IncludeUsage)
 	for body, msg := range map[string]string{
-		`{}`:                             "prompt is required",
-		`{"prompt":["a","b"]}`:           "batches are not supported",
-		`{"prompt":[1,-2]}`:              "token id -2 out of range",
-		`{"prompt":{"x":1}}`:             "want a string or a list of token ids",
-		`{"prompt":"x","max_tokens":-1}`: "want 1..",
+		`{}`:                              "prompt is required",
+		`{"prompt":["a","b"]}`:            "batches are not supported",
+		`{"prompt":[1,-2]}`:               "token id -2 out of range",
+		`{"prompt":{"x":1}}`:              "want a string or a list of token ids",
+		`{"prompt":"x","max_tokens":-1}`:  "want 1..",
+		`{"prompt":"x","max_tokens":"5"}`: "max_tokens: want an integer",
+		`{"prompt":"x","stream_options":{"include_usage":true}}`: "only allowed with stream",
 	} {
 		_, err := ParseCompletion([]byte(body), DefaultLimits())
 		require.ErrorContains(t, err, msg, body)
@@ -128,6 +134,7 @@ func TestParsePretokenized(t *testing.T) {
 	for body, want := range map[string]string{
 		`{"media":[]}`: "token_ids is required",
 		`{"token_ids":[1],"placeholder_style":"dense"}`:                          `"dense"`,
+		`{"token_ids":[1],"n":2}`:                                                "only n = 1",
 		`{"token_ids":[1],"media":[{"modality":"smell","uuid":"x"}]}`:            `media[0].modality: modality "smell"`,
 		`{"token_ids":[1],"media":[{"modality":"image"}]}`:                       "media[0]: a media item needs url, data or a uuid",
 		`{"token_ids":[1],"media":[{"modality":"image","url":"x","data":"AA"}]}`: "media[0]: give url or data, not both",
