@@ -3,7 +3,9 @@ package mocker
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 
@@ -91,20 +93,26 @@ func (p *ZMQPublisher) Endpoints() (pub, replay string) {
 
 // Publish queues one batch and keeps it for replay.
 func (p *ZMQPublisher) Publish(_ string, seq uint64, payload []byte) {
+	s := p.keep(seq, payload)
+	select {
+	case p.queue <- zmq4.NewMsgFrom([]byte(p.opts.Topic), s, payload):
+	default:
+		p.Dropped.Add(1)
+	}
+}
+
+// keep puts a batch in the replay buffer and returns its encoded sequence number.
+func (p *ZMQPublisher) keep(seq uint64, payload []byte) []byte {
 	s := binary.BigEndian.AppendUint64(nil, seq)
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if len(p.ring) < p.opts.Buffer {
 		p.ring = append(p.ring, buffered{s, payload})
 	} else {
 		p.ring[p.head] = buffered{s, payload}
 		p.head = (p.head + 1) % len(p.ring)
 	}
-	p.mu.Unlock()
-	select {
-	case p.queue <- zmq4.NewMsgFrom([]byte(p.opts.Topic), s, payload):
-	default:
-		p.Dropped.Add(1)
-	}
+	return s
 }
 
 func (p *ZMQPublisher) send() {
@@ -151,6 +159,9 @@ func (p *ZMQPublisher) Close() error {
 	}
 	close(p.queue)
 	p.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil // a subscriber's connection that went first (zmq4 reports closing it again)
+	}
 	return err
 }
 
