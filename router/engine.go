@@ -64,12 +64,13 @@ type Engine struct {
 	blocks, older map[uint64]engineBlock
 	group         int // the attention group routed on; -1 until a store names one
 
-	batch  Batch
-	hashes []uint64
+	batch Batch
+	keys  []uint64 // scratch: the index keys of an event's blocks
 }
 
 type engineBlock struct {
 	seq   uint64 // our sequence hash
+	key   uint64 // its index key (keys.go)
 	seed  uint64 // the seed its sequence was hashed with (LoRA and salt mixed in)
 	tiers uint8  // tiers the engine holds it on
 }
@@ -240,14 +241,14 @@ func (e *Engine) store(ev *Event, tier int) {
 		e.stats.BadEvents.Add(1)
 		return
 	}
-	var parent, seed uint64
+	var parent, parentKey, seed uint64
 	if ev.HasParent {
 		p, ok := e.lookup(ev.Parent)
 		if !ok {
 			e.stats.UnknownParent.Add(1)
 			return
 		}
-		parent, seed = p.seq, p.seed
+		parent, parentKey, seed = p.seq, p.key, p.seed
 	} else {
 		salt := ""
 		if len(ev.Extra) > 0 {
@@ -255,39 +256,41 @@ func (e *Engine) store(ev *Event, tier int) {
 		}
 		seed = SeedFor(ev.LoraName, salt)
 	}
-	e.hashes = e.hashes[:0]
+	e.keys = e.keys[:0]
 	for i, eh := range ev.Hashes {
 		var media []uint64
 		if len(ev.Extra) > 0 {
 			media = ev.Extra[i].Media
 		}
 		h := e.hasher.LocalBlock(ev.Tokens[i*bs:(i+1)*bs], seed, media)
-		if i > 0 || ev.HasParent {
+		hasParent := i > 0 || ev.HasParent
+		if hasParent {
 			h = ChainHash(parent, h)
 		}
-		parent = h
+		key := ChildKey(parentKey, hasParent, h)
+		parent, parentKey = h, key
 		b, _ := e.lookup(eh)
-		b.seq, b.seed, b.tiers = h, seed, b.tiers|1<<tier
+		b.seq, b.key, b.seed, b.tiers = h, key, seed, b.tiers|1<<tier
 		e.remember(eh, b)
-		e.hashes = append(e.hashes, h)
+		e.keys = append(e.keys, key)
 	}
-	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, e.hashes)))
+	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, e.keys)))
 }
 
 func (e *Engine) remove(ev *Event, tier int) {
-	e.hashes = e.hashes[:0]
+	e.keys = e.keys[:0]
 	for _, eh := range ev.Hashes {
 		b, ok := e.lookup(eh)
 		if !ok || b.tiers&(1<<tier) == 0 {
 			e.stats.UnknownBlocks.Add(1)
 			continue
 		}
-		e.hashes = append(e.hashes, b.seq)
+		e.keys = append(e.keys, b.key)
 		if b.tiers &^= 1 << tier; b.tiers == 0 {
 			e.forget(eh)
 		} else {
 			e.remember(eh, b)
 		}
 	}
-	e.stats.BlocksRemoved.Add(int64(e.ix.Remove(e.worker, tier, e.hashes)))
+	e.stats.BlocksRemoved.Add(int64(e.ix.Remove(e.worker, tier, e.keys)))
 }

@@ -17,7 +17,8 @@ import (
 //	seq[0]   = local[0]
 //	seq[i]   = xxh3(LE u64 seq[i-1] ‖ LE u64 local[i], 1337)
 //
-// Only full blocks are hashed. The index is keyed by seq hashes.
+// Only full blocks are hashed. The index is keyed by index keys derived from seq hashes
+// (keys.go).
 
 // HashSeed is Dynamo's XXH3 seed for block and chain hashes.
 const HashSeed uint64 = 1337
@@ -157,7 +158,7 @@ func Chain(local []uint64, parent uint64, hasParent bool) {
 }
 
 // Sequence appends the sequence hashes of every full block of a prompt to dst: what the index is
-// queried with.
+// queried with, through ChainKeys.
 func (h *Hasher) Sequence(dst []uint64, tokens []uint32, seed uint64, media []Media) ([]uint64, error) {
 	n := len(dst)
 	dst, err := h.Local(dst, tokens, seed, media)

@@ -42,7 +42,7 @@ func TestHTTPAPI(t *testing.T) {
 	prompt := tokensN(rnd, 100)
 	h2, _ := NewHasher(16)
 	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", "t1"), []Media{{Hash: MediaHash("cat.png"), Offset: 10, Length: 20}})
-	r.Index().Store(r.find("w2").slot, 0, hashes[:5])
+	r.Index().Store(r.find("w2").slot, 0, ChainKeys(nil, hashes)[:5])
 
 	ids, _ := json.Marshal(prompt)
 	body := fmt.Sprintf(`{"token_ids": %s, "salt": "t1", "media": [{"id": "cat.png", "offset": 10, "length": 20}], "request_id": "req-1"}`, ids)

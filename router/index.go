@@ -28,7 +28,7 @@ func DefaultIndexOptions() IndexOptions {
 // Worker is a worker's slot in an Index: a small dense number handed out by AddWorker.
 type Worker int
 
-// Index maps block sequence hashes to the workers holding each block, per tier. Matching
+// Index maps blocks (by index key: keys.go) to the workers holding each block, per tier. Matching
 // (reads) never takes a lock; writes lock one shard per block. All methods are safe for
 // concurrent use; events of one worker must be applied in order by the caller (one goroutine
 // per worker does it), and nothing may store for a worker after RemoveWorker.
@@ -154,14 +154,17 @@ func (ix *Index) ClearWorker(w Worker) {
 	}
 }
 
-func (ix *Index) shardOf(key uint64) *shard { return &ix.shards[key>>ix.shift] }
+// shardOf picks a key's shard from the top bits of its low 32 (the home bits, see keys.go), so
+// a group of blocks shares a shard. Tables pick slots from the low bits; they overlap the shard
+// bits only past 2^32 slots in all.
+func (ix *Index) shardOf(key uint64) *shard { return &ix.shards[(key<<32)>>ix.shift] }
 
-// Store records that worker w holds the blocks on tier; hashes already held are no-ops. It
+// Store records that worker w holds the blocks on tier; keys already held are no-ops. It
 // returns how many (block, worker) entries were added. Past the worker's cap, the index evicts
 // the worker's entries in table order from a rotating cursor: the engine's own LRU order is not
 // visible to a router, so the cap is a guard against lost remove events, not a cache model.
-func (ix *Index) Store(w Worker, tier int, hashes []uint64) int {
-	added := ix.eachBlock(w, tier, hashes, (*shard).setBit)
+func (ix *Index) Store(w Worker, tier int, keys []uint64) int {
+	added := ix.eachBlock(w, tier, keys, (*shard).setBit)
 	ix.workers[w].counts[tier].Add(int64(added))
 	ix.enforceCap(w, tier)
 	return added
@@ -169,22 +172,22 @@ func (ix *Index) Store(w Worker, tier int, hashes []uint64) int {
 
 // Remove records that worker w no longer holds the blocks on tier. Blocks nobody holds any more
 // are deleted at once. It returns how many entries were removed.
-func (ix *Index) Remove(w Worker, tier int, hashes []uint64) int {
-	removed := ix.eachBlock(w, tier, hashes, (*shard).clearBit)
+func (ix *Index) Remove(w Worker, tier int, keys []uint64) int {
+	removed := ix.eachBlock(w, tier, keys, (*shard).clearBit)
 	ix.workers[w].counts[tier].Add(-int64(removed))
 	return removed
 }
 
-// eachBlock applies op (setBit or clearBit) to worker w's bit on tier for each hash, under its
+// eachBlock applies op (setBit or clearBit) to worker w's bit on tier for each key, under its
 // shard's lock, prefetching runs of slots ahead, and counts the changes op reports.
-func (ix *Index) eachBlock(w Worker, tier int, hashes []uint64, op func(s *shard, key uint64, word int, bit uint64) bool) int {
+func (ix *Index) eachBlock(w Worker, tier int, keys []uint64, op func(s *shard, key uint64, word int, bit uint64) bool) int {
 	word, bit := bitOf(int(w))
 	word += tier * ix.words
 	changed := 0
-	var addrs [matchRun]uintptr
-	for i, h := range hashes {
+	var addrs [3 * matchRun]uintptr // room for the worst case: every key ends a group
+	for i, h := range keys {
 		if i%matchRun == 0 {
-			ix.prefetchSlots(hashes[i:min(i+matchRun, len(hashes))], addrs[:0])
+			ix.prefetchSlots(keys[i:min(i+matchRun, len(keys))], addrs[:0])
 		}
 		key := keyOf(h)
 		s := ix.shardOf(key)
@@ -284,21 +287,22 @@ func resize[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// Match fills m with each worker's leading-block overlap with hashes (sequence hashes, first
-// block first). It takes no lock and stops at the first block nobody holds.
-func (ix *Index) Match(hashes []uint64, m *Match) {
-	m.reset(ix, len(hashes))
-	if len(hashes) == 0 {
+// Match fills m with each worker's leading-block overlap with keys (a sequence's index keys,
+// first block first: ChainKeys). It takes no lock and stops at the first block nobody holds.
+func (ix *Index) Match(keys []uint64, m *Match) {
+	m.reset(ix, len(keys))
+	if len(keys) == 0 {
 		return
 	}
 	if ix.stride == 2 {
-		ix.match1(hashes, m)
+		ix.match1(keys, m)
 		return
 	}
 	words, tiers := ix.words, ix.opts.Tiers
-	for i, h := range hashes {
+	hint := slotHint{slot: -1}
+	for i, h := range keys {
 		key := keyOf(h)
-		if !ix.shardOf(key).read(key, m.buf) {
+		if !ix.shardOf(key).read(key, m.buf, &hint) {
 			clear(m.buf)
 		}
 		anyLeft := false
@@ -322,7 +326,7 @@ func (ix *Index) Match(hashes []uint64, m *Match) {
 	}
 	for t := range tiers {
 		for wd := range words {
-			m.record(t, wd, m.active[t*words+wd], len(hashes))
+			m.record(t, wd, m.active[t*words+wd], len(keys))
 		}
 	}
 }
@@ -339,13 +343,14 @@ func (m *Match) record(t, wd int, gone uint64, n int) {
 // match1 is Match for one mask word and one tier. Blocks are looked up in runs of matchRun; the
 // home slots of the next run are prefetched before the current run is probed, so the cache
 // misses of a long prompt overlap with each other and with the probing.
-func (ix *Index) match1(hashes []uint64, m *Match) {
+func (ix *Index) match1(keys []uint64, m *Match) {
 	active := ^uint64(0)
-	ix.prefetchRun(hashes[:min(matchRun, len(hashes))], m)
-	for base := 0; base < len(hashes); base += matchRun {
-		run := hashes[base:min(base+matchRun, len(hashes))]
-		if next := base + matchRun; next < len(hashes) {
-			ix.prefetchRun(hashes[next:min(next+matchRun, len(hashes))], m)
+	hint := slotHint{slot: -1}
+	ix.prefetchRun(keys[:min(matchRun, len(keys))], m)
+	for base := 0; base < len(keys); base += matchRun {
+		run := keys[base:min(base+matchRun, len(keys))]
+		if next := base + matchRun; next < len(keys) {
+			ix.prefetchRun(keys[next:min(next+matchRun, len(keys))], m)
 		}
 		for j, h := range run {
 			key := keyOf(h)
@@ -354,10 +359,16 @@ func (ix *Index) match1(hashes []uint64, m *Match) {
 			v := s.version.Load()
 			t := s.tab.Load()
 			var held uint64
-			for i := key & t.mask; ; i = (i + 1) & t.mask {
+			i := key & t.mask
+			if n := hint.next(t, key); n >= 0 && t.slots[n*2].Load() == key {
+				i = uint64(n)
+			}
+			hint = slotHint{t, -1}
+			for ; ; i = (i + 1) & t.mask {
 				k := t.slots[i*2].Load()
 				if k == key {
 					held = t.slots[i*2+1].Load()
+					hint.slot = int(i)
 					break
 				}
 				if k == 0 {
@@ -377,26 +388,33 @@ func (ix *Index) match1(hashes []uint64, m *Match) {
 			}
 		}
 	}
-	m.record(0, 0, active, len(hashes))
+	m.record(0, 0, active, len(keys))
 }
 
 // matchRun is how many blocks are prefetched ahead: enough misses in flight to fill the core's
-// miss buffers, few enough that a prompt whose match ends early wastes little.
-const matchRun = 32
+// miss buffers (64 blocks are 8 groups: 16 lines and the 16 after them), few enough that a
+// prompt whose match ends early wastes little.
+const matchRun = 64
 
-// prefetchRun prefetches the home slot of each hash.
-func (ix *Index) prefetchRun(hashes []uint64, m *Match) {
-	m.addrs = ix.prefetchSlots(hashes, m.addrs[:0])
+// prefetchRun prefetches the home slot of each key.
+func (ix *Index) prefetchRun(keys []uint64, m *Match) {
+	m.addrs = ix.prefetchSlots(keys, m.addrs[:0])
 }
 
-// prefetchSlots prefetches the home slot of each hash, using addrs (appended to, returned) for
-// the addresses. Writers use it too: a store or remove of a run of blocks misses the cache once
-// per block, and these misses overlap as well.
-func (ix *Index) prefetchSlots(hashes []uint64, addrs []uintptr) []uintptr {
-	for _, h := range hashes {
+// prefetchSlots prefetches the home slot of each key and, after a group's last block, the next
+// eight slots (where a collision pushes a group's blocks), using addrs (appended to, returned)
+// for the addresses. Writers use it too: a store or remove of a run of blocks misses the cache
+// once per group, and these misses overlap as well.
+func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) []uintptr {
+	for _, h := range keys {
 		key := keyOf(h)
 		t := ix.shardOf(key).tab.Load()
-		addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[(key&t.mask)*uint64(t.stride)])))
+		st := uint64(t.stride)
+		addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[(key&t.mask)*st])))
+		if key&(keyGroup-1) == keyGroup-1 {
+			addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+1)&t.mask)*st])),
+				uintptr(unsafe.Pointer(&t.slots[((key+5)&t.mask)*st])))
+		}
 	}
 	prefetch(addrs)
 	return addrs

@@ -70,7 +70,7 @@ func (m *model) entries() int64 {
 	return n
 }
 
-// A universe of block chains: prompts that share prefixes, as real traffic does.
+// A universe of block chains (index keys): prompts that share prefixes, as real traffic does.
 type universe struct{ chains [][]uint64 }
 
 func newUniverse(r *rand.Rand, chains, length int) *universe {
@@ -86,7 +86,7 @@ func newUniverse(r *rand.Rand, chains, length int) *universe {
 		for i := cut; i < length; i++ {
 			c[i] = r.Uint64()
 		}
-		u.chains = append(u.chains, c)
+		u.chains = append(u.chains, ChainKeys(nil, c)) // placed as the router places them
 	}
 	return u
 }

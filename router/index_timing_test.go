@@ -57,7 +57,7 @@ func getFleet() *fleet {
 		f := &fleet{}
 		for range fleetChains {
 			c := append(slices.Clone(sys[r.IntN(fleetPrompts)]), randomHashes(r, fleetLen-fleetSysLen)...)
-			f.chains = append(f.chains, c)
+			f.chains = append(f.chains, ChainKeys(nil, c)) // sequence hashes → index keys
 			f.holders = append(f.holders, r.Perm(fleetWorkers)[:fleetHolders])
 		}
 		theFleet = f
@@ -324,16 +324,18 @@ func churn(x indexLike, _ *Index, batches int) (rate float64, lat latencies) {
 			const window = 64
 			var ring [window][]uint64
 			var ringW [window]int
+			var seqs []uint64
 			w := g
 			for i := range batches {
 				slot := i % window
 				if ring[slot] != nil {
 					x.remove(ringW[slot], ring[slot])
 				}
-				hs := ring[slot][:0]
-				for range eventBatchLen {
-					hs = append(hs, r.Uint64())
+				for range eventBatchLen { // a stored run of a new sequence: its index keys
+					seqs = append(seqs, r.Uint64())
 				}
+				hs := ChainKeys(ring[slot][:0], seqs)
+				seqs = seqs[:0]
 				w = (w + writers) % fleetWorkers // this writer's workers: g, g+2, g+4, ...
 				x.store(w, hs)
 				ring[slot], ringW[slot] = hs, w

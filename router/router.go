@@ -214,6 +214,7 @@ type Decision struct {
 // scratch is per-call state Decide takes from a pool.
 type scratch struct {
 	hasher         *Hasher
+	keys           []uint64 // the prompt's index keys
 	cached, active Match
 }
 
@@ -235,7 +236,8 @@ func (r *Router) Decide(req Request, d *Decision) error {
 	if err != nil {
 		return err
 	}
-	r.ix.Match(hashes, &sc.cached)
+	sc.keys = ChainKeys(sc.keys[:0], hashes)
+	r.ix.Match(sc.keys, &sc.cached)
 	r.slots.ActiveMatch(hashes, &sc.active)
 	total := (isl + bs - 1) / bs
 	workers := *r.workers.Load()

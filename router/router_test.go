@@ -56,8 +56,8 @@ func TestDecideCostAndExplanation(t *testing.T) {
 	prompt := tokensN(rnd, 16*10+5) // 10 full blocks and a partial one
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
-	r.Index().Store(r.find("a").slot, 0, hashes[:6]) // a caches 6 blocks
-	r.Index().Store(r.find("b").slot, 0, hashes[:2])
+	r.Index().Store(r.find("a").slot, 0, ChainKeys(nil, hashes)[:6]) // a caches 6 blocks
+	r.Index().Store(r.find("b").slot, 0, ChainKeys(nil, hashes)[:2])
 
 	// b already serves a request sharing the first 4 blocks, not yet past prefill.
 	other := append(append([]uint32(nil), prompt[:64]...), tokensN(rnd, 40)...)

@@ -39,7 +39,9 @@ type table struct {
 }
 
 const (
-	minSlots = 8
+	// minSlots holds two groups of index keys (keys.go) without growing: a group lands in one
+	// shard, and a smaller floor made small indexes grow and shrink on every stored group.
+	minSlots = 2 * keyGroup
 	// maxLoadNum/maxLoadDen is the load that triggers growth; a table shrinks to half below 1/8.
 	maxLoadNum, maxLoadDen = 13, 16
 	// zeroKey stands in for a sequence hash of 0, since key 0 marks an empty slot.
@@ -72,6 +74,31 @@ func (t *table) find(key uint64) int {
 		}
 	}
 	return -1
+}
+
+// slotHint is where a lookup found the previous block of a prompt: its table and slot (-1: not
+// found). Blocks after the first of a group (keys.go) usually sit in the next slot, however far
+// a collision pushed the group from its home, so lookups look there first; otherwise a block
+// whose group was pushed d slots away would probe those d slots again.
+type slotHint struct {
+	t    *table
+	slot int
+}
+
+// next is the slot the hint suggests for key in t, or -1.
+func (h slotHint) next(t *table, key uint64) int {
+	if h.t != t || h.slot < 0 || key&(keyGroup-1) == 0 {
+		return -1
+	}
+	return (h.slot + 1) & int(t.mask)
+}
+
+// findAfter is find, looking first at the slot hint suggests.
+func (t *table) findAfter(key uint64, hint slotHint) int {
+	if i := hint.next(t, key); i >= 0 && t.slots[i*t.stride].Load() == key {
+		return i
+	}
+	return t.find(key)
 }
 
 // words returns slot i's mask words.
@@ -146,12 +173,12 @@ func (t *table) rebuilt(slots int) *table {
 
 // read copies key's mask words into dst (len stride-1) and reports whether the key is present,
 // without locking: it retries while a writer is moving keys.
-func (s *shard) read(key uint64, dst []uint64) bool {
+func (s *shard) read(key uint64, dst []uint64, hint *slotHint) bool {
 	for spins := 0; ; spins++ {
 		v := s.version.Load()
 		if v&1 == 0 {
 			t := s.tab.Load()
-			i := t.find(key)
+			i := t.findAfter(key, *hint)
 			if i >= 0 {
 				ws := t.words(i)
 				for j := range ws {
@@ -159,6 +186,7 @@ func (s *shard) read(key uint64, dst []uint64) bool {
 				}
 			}
 			if s.version.Load() == v {
+				*hint = slotHint{t, i}
 				return i >= 0
 			}
 		}

@@ -199,7 +199,7 @@ func TestZMQEndToEnd(t *testing.T) {
 	a, b := newConvo(r, 12), newConvo(r, 6)
 	overlap := func(c *convo) int {
 		var m Match
-		ix.Match(c.ours, &m)
+		ix.Match(ChainKeys(nil, c.ours), &m)
 		return m.Blocks(w, 0)
 	}
 	waitFor := func(what string, cond func() bool) {

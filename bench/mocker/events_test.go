@@ -39,20 +39,66 @@ func multimodalWorkload(r *rand.Rand, n int, start time.Duration, got outputs) [
 	return arr
 }
 
+// blockKeys learns the index key (router/keys.go) of every block the engines store from the
+// batches they publish: a key depends on the block's chain, which the engine's cache does not
+// keep. The engines name blocks by our sequence hashes, so the keys can be derived here
+// independently of the router's feed. Safe for concurrent use (fleet loops publish at once).
+type blockKeys struct {
+	mu   sync.Mutex
+	keys map[uint64]uint64 // sequence hash → index key; never shrinks (tests are small)
+}
+
+func (k *blockKeys) record(t *testing.T, payload []byte) {
+	var b router.Batch
+	if err := router.DecodeBatch(payload, &b); err != nil {
+		t.Errorf("published batch does not decode: %v", err) // not FailNow: may run off the test goroutine
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.keys == nil {
+		k.keys = map[uint64]uint64{}
+	}
+	for _, ev := range b.Events {
+		if ev.Kind != router.BlockStored {
+			continue
+		}
+		parent, hasParent := k.keys[ev.Parent], ev.HasParent
+		if _, known := k.keys[ev.Parent]; hasParent && !known {
+			t.Errorf("BlockStored names parent %#x that was never stored", ev.Parent)
+			return
+		}
+		for _, h := range ev.Hashes {
+			parent = router.ChildKey(parent, hasParent, h)
+			hasParent = true
+			k.keys[h] = parent
+		}
+	}
+}
+
+// cached lists the engine's cached full blocks. Run it on the engine's goroutine.
+func cached(e *Engine) []uint64 {
+	var hs []uint64
+	e.KV().Hashes(func(h uint64, _ int) { hs = append(hs, h) })
+	return hs
+}
+
 // sameCache asserts that the router holds, for the engine's worker, exactly the blocks the
-// engine's KV cache holds: each engine block is matched by the router, and the router's count
-// of the worker's blocks is the engine's count.
-func sameCache(t *testing.T, r *router.Router, slot router.Worker, e *Engine) {
+// engine's KV cache holds (blocks, from cached): each engine block is matched by the router, and
+// the router's count of the worker's blocks is the engine's count.
+func sameCache(t *testing.T, r *router.Router, slot router.Worker, blocks []uint64, k *blockKeys) {
 	t.Helper()
 	var m router.Match
-	n := 0
-	e.KV().Hashes(func(h uint64, _ int) {
-		n++
-		r.Index().Match([]uint64{h}, &m)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, h := range blocks {
+		key, ok := k.keys[h]
+		require.True(t, ok, "block %#x is in the engine's cache but was never published", h)
+		r.Index().Match([]uint64{key}, &m)
 		require.Equal(t, 1, m.Blocks(slot, 0), "block %#x is in the engine's cache but not the router's", h)
-	})
-	require.EqualValues(t, n, r.Index().Held(slot, 0), "router blocks for the worker")
-	require.Positive(t, n)
+	}
+	require.EqualValues(t, len(blocks), r.Index().Held(slot, 0), "router blocks for the worker")
+	require.NotEmpty(t, blocks)
 }
 
 // Published events decode with the router's decoder and rebuild the engine's cache state
@@ -70,7 +116,9 @@ func TestEventsRebuildCacheInRouter(t *testing.T) {
 		opts := DefaultOptions()
 		opts.Name, opts.Blocks, opts.MapEvents, opts.Seed = "e", 120, maps, seed
 		var batches int
+		var keys blockKeys
 		e, err := NewEngine(opts, PublisherFunc(func(worker string, seq uint64, payload []byte) {
+			keys.record(t, payload)
 			require.Equal(t, "e", worker)
 			require.EqualValues(t, batches, seq)
 			batches++
@@ -82,7 +130,7 @@ func TestEventsRebuildCacheInRouter(t *testing.T) {
 			arr := multimodalWorkload(r, 40, time.Duration(burst)*time.Hour, got)
 			drive(t, e, arr, nil)
 			checkOutputs(t, arr, got)
-			sameCache(t, rt, feed.Worker(), e)
+			sameCache(t, rt, feed.Worker(), cached(e), &keys)
 		}
 		st := rt.Stats()
 		require.Zero(t, st.BadPayloads.Load()+st.BadEvents.Load()+st.UnknownParent.Load()+st.UnknownBlocks.Load()+st.SizeMismatch.Load())
@@ -139,7 +187,9 @@ func TestEventsOverZMQ(t *testing.T) {
 	// of its own, and on a loaded machine a subscriber may connect before that queue drains.)
 	var lossy atomic.Bool
 	lossy.Store(true)
+	var keys blockKeys
 	e, err := NewEngine(opts, PublisherFunc(func(w string, seq uint64, p []byte) {
+		keys.record(t, p)
 		if lossy.Load() {
 			pub.keep(seq, p)
 			return
@@ -175,7 +225,7 @@ func TestEventsOverZMQ(t *testing.T) {
 	drive(t, e, multimodalWorkload(r, 30, 1000*time.Hour, got), nil)
 	total := e.events.seq
 	require.Eventually(t, func() bool { return uint64(rt.Stats().Batches.Load()) == total }, 10*time.Second, 10*time.Millisecond)
-	sameCache(t, rt, feed.Worker(), e)
+	sameCache(t, rt, feed.Worker(), cached(e), &keys)
 	require.GreaterOrEqual(t, rt.Stats().Replayed.Load(), lost, "the lost batches came by replay")
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
@@ -199,7 +249,12 @@ func TestEventsOverNATS(t *testing.T) {
 	fo.Clock = Clock{Speedup: 50}
 	pub := NewNATSPublisher(nc, "")
 	var published atomic.Int64
-	fo.Publisher = PublisherFunc(func(w string, seq uint64, p []byte) { published.Add(1); pub.Publish(w, seq, p) })
+	var keys blockKeys
+	fo.Publisher = PublisherFunc(func(w string, seq uint64, p []byte) {
+		keys.record(t, p)
+		published.Add(1)
+		pub.Publish(w, seq, p)
+	})
 	f, err := NewFleet(fo)
 	require.NoError(t, err)
 	rt, err := router.New(router.DefaultOptions())
@@ -250,7 +305,10 @@ func TestEventsOverNATS(t *testing.T) {
 	require.NoError(t, nc.Flush())
 	require.Eventually(t, func() bool { return rt.Stats().Batches.Load() == published.Load() }, 10*time.Second, 10*time.Millisecond)
 	for i := range f.Len() {
-		require.NoError(t, f.Inspect(ctx, i, func(e *Engine) { sameCache(t, rt, slots[e.Name()], e) }))
+		var name string
+		var blocks []uint64
+		require.NoError(t, f.Inspect(ctx, i, func(e *Engine) { name, blocks = e.Name(), cached(e) }))
+		sameCache(t, rt, slots[name], blocks, &keys)
 	}
 	require.Zero(t, rt.Stats().Gaps.Load())
 	cancel()
