@@ -184,7 +184,7 @@ func (ix *Index) eachBlock(w Worker, tier int, keys []uint64, op func(s *shard, 
 	word, bit := bitOf(int(w))
 	word += tier * ix.words
 	changed := 0
-	var addrs [3 * matchRun]uintptr // room for the worst case: every key ends a group
+	var addrs [4 * matchRun]uintptr // room for the worst case: no key continues another
 	for i, h := range keys {
 		if i%matchRun == 0 {
 			ix.prefetchSlots(keys[i:min(i+matchRun, len(keys))], addrs[:0])
@@ -401,19 +401,24 @@ func (ix *Index) prefetchRun(keys []uint64, m *Match) {
 	m.addrs = ix.prefetchSlots(keys, m.addrs[:0])
 }
 
-// prefetchSlots prefetches the home slot of each key and, after a group's last block, the next
-// eight slots (where a collision pushes a group's blocks), using addrs (appended to, returned)
-// for the addresses. Writers use it too: a store or remove of a run of blocks misses the cache
-// once per group, and these misses overlap as well.
+// prefetchSlots prefetches, for each run of keys that continue one another (a group's blocks,
+// keys.go), the slots from the run's first key's to eight past its group: four cache lines of a
+// one-word index, the group and where a collision pushes its blocks. It appends the addresses
+// to addrs and returns it. Writers use it too: a store or remove of a run of blocks misses the
+// cache once per group, and these misses overlap as well.
 func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) []uintptr {
-	for _, h := range keys {
+	var prev uint64
+	for i, h := range keys {
 		key := keyOf(h)
+		continues := i > 0 && key&(keyGroup-1) != 0 && key&keyHomeMask == (prev+1)&keyHomeMask
+		prev = key
+		if continues {
+			continue
+		}
 		t := ix.shardOf(key).tab.Load()
 		st := uint64(t.stride)
-		addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[(key&t.mask)*st])))
-		if key&(keyGroup-1) == keyGroup-1 {
-			addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+1)&t.mask)*st])),
-				uintptr(unsafe.Pointer(&t.slots[((key+5)&t.mask)*st])))
+		for j := uint64(0); j < 2*keyGroup-key&(keyGroup-1); j += 4 { // 4 slots: a line when st is 2
+			addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+j)&t.mask)*st])))
 		}
 	}
 	prefetch(addrs)

@@ -183,7 +183,7 @@ func BenchmarkMatch4K(b *testing.B) {
 	// timed in the same loop. Its p99 is what a shared VM adds to any microsecond operation.
 	small, _ := NewIndex(DefaultIndexOptions())
 	sw, _ := small.AddWorker(0)
-	smallChain := randomHashes(r, fleetLen)
+	smallChain := ChainKeys(nil, randomHashes(r, fleetLen))
 	small.Store(sw, 0, smallChain)
 	noise := make(latencies, 0, 1<<20)
 	// ns/op counts both lookups and the copy; the per-lookup latencies are what is reported.

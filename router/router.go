@@ -238,7 +238,7 @@ func (r *Router) Decide(req Request, d *Decision) error {
 	}
 	sc.keys = ChainKeys(sc.keys[:0], hashes)
 	r.ix.Match(sc.keys, &sc.cached)
-	r.slots.ActiveMatch(hashes, &sc.active)
+	r.slots.ActiveMatch(sc.keys, &sc.active)
 	total := (isl + bs - 1) / bs
 	workers := *r.workers.Load()
 	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), isl, hashes

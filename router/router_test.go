@@ -166,8 +166,10 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	s, err := NewSlots(64, 16, time.Minute, 3)
 	require.NoError(t, err)
 	t0 := time.Now()
-	require.NoError(t, s.Start("a", 1, []uint64{1, 2, 3}, 48, 48, t0))
-	require.NoError(t, s.Start("b", 1, []uint64{1, 2, 4}, 50, 20, t0.Add(time.Second)))
+	h := randomHashes(newRand(t), 4)
+	a, b := h[:3], []uint64{h[0], h[1], h[3]}
+	require.NoError(t, s.Start("a", 1, a, 48, 48, t0))
+	require.NoError(t, s.Start("b", 1, b, 50, 20, t0.Add(time.Second)))
 	var dup *ErrDuplicateRequest
 	require.True(t, errors.As(s.Start("a", 1, nil, 0, 0, t0), &dup))
 	blocks, prefill, reqs := s.Load(1)
@@ -175,10 +177,10 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	require.Equal(t, int64(68), prefill)
 	require.Equal(t, int64(2), reqs)
 	var m Match
-	s.ActiveMatch([]uint64{1, 2, 3}, &m)
+	s.ActiveMatch(ChainKeys(nil, a), &m)
 	require.Equal(t, 3, m.Blocks(1, 0))
 	require.True(t, s.Finish("a"))
-	s.ActiveMatch([]uint64{1, 2, 3}, &m)
+	s.ActiveMatch(ChainKeys(nil, a), &m)
 	require.Equal(t, 2, m.Blocks(1, 0), "block 3 was only a's")
 	require.Equal(t, 0, s.Expire(t0.Add(time.Minute)))
 	require.Equal(t, 1, s.Expire(t0.Add(time.Minute+time.Second)))

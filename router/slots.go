@@ -8,8 +8,8 @@ import (
 )
 
 // Slots tracks each worker's load from the request lifecycle the router sees: blocks in use by
-// requests in flight, ref-counted by sequence hash so a prefix shared by many requests counts
-// once, and prefill tokens not yet computed (dropped at the first output token). It is the
+// requests in flight, ref-counted by block (index key, keys.go) so a prefix shared by many
+// requests counts once, and prefill tokens not yet computed (dropped at the first output token). It is the
 // router's own view: authoritative for what the router sent, blind to traffic that bypassed it.
 //
 // Writes (Start, FirstToken, Finish, Expire) take one mutex; reads for scoring do not: the
@@ -42,8 +42,8 @@ type refKey struct {
 
 type slotRequest struct {
 	worker  Worker
-	hashes  []uint64
-	private int // blocks of the request nobody else can share (a partial last block)
+	keys    []uint64 // the prompt's full blocks, as index keys
+	private int      // blocks of the request nobody else can share (a partial last block)
 	prefill int64
 	started time.Time
 }
@@ -73,8 +73,9 @@ func (s *Slots) Load(w Worker) (blocks, prefillTokens, requests int64) {
 	return l.blocks.Load(), l.prefill.Load(), l.reqs.Load()
 }
 
-// ActiveMatch reports, per worker, how many leading blocks of hashes are already in use there.
-func (s *Slots) ActiveMatch(hashes []uint64, m *Match) { s.active.Match(hashes, m) }
+// ActiveMatch reports, per worker, how many leading blocks of a prompt are already in use there;
+// keys are the prompt's index keys (ChainKeys of its sequence hashes).
+func (s *Slots) ActiveMatch(keys []uint64, m *Match) { s.active.Match(keys, m) }
 
 // Start records a request sent to worker w: its full-block sequence hashes, its prompt length
 // (the partial last block counts as one unshared block) and the prompt tokens the worker must
@@ -90,12 +91,12 @@ func (s *Slots) Start(id string, w Worker, hashes []uint64, promptTokens int, pr
 		s.order = s.order[1:]
 	}
 	total := (promptTokens + s.blockSize - 1) / s.blockSize
-	req := &slotRequest{worker: w, hashes: append([]uint64(nil), hashes...), private: max(total-len(hashes), 0),
+	req := &slotRequest{worker: w, keys: ChainKeys(make([]uint64, 0, len(hashes)), hashes), private: max(total-len(hashes), 0),
 		prefill: int64(max(prefillTokens, 0)), started: now}
 	s.reqs[id] = req
 	s.order = append(s.order, id)
 	fresh := s.buf[:0]
-	for _, h := range hashes {
+	for _, h := range req.keys {
 		k := refKey{h, w}
 		if s.refs[k]++; s.refs[k] == 1 {
 			fresh = append(fresh, h)
@@ -135,7 +136,7 @@ func (s *Slots) finishLocked(id string) bool {
 	}
 	delete(s.reqs, id)
 	gone := s.buf[:0]
-	for _, h := range req.hashes {
+	for _, h := range req.keys {
 		k := refKey{h, req.worker}
 		if s.refs[k]--; s.refs[k] <= 0 {
 			delete(s.refs, k)
