@@ -374,16 +374,17 @@ func (r *request) route() (router.Decision, error) {
 	}
 	mergedBytes := float64(r.pm.Len * s.models.Hidden * s.models.DType.Size())
 	// Cost terms are in prefill blocks; a block of prefill is about 0.25 ms (Dynamo's mocker
-	// model: 15 us a token at 16 tokens a block).
-	const secondsPerBlock = 16 * 15e-6
-	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.ext.CacheSalt,
-		Extra: func(w string) (float64, float64) {
-			transfer := 0.0
-			if len(r.items) > 0 && (strings.HasPrefix(w, "http://") || strings.HasPrefix(w, "https://")) {
-				transfer = mergedBytes / s.opts.TransferBytesPerSecond / secondsPerBlock
+	// model: 15 us a token, 16 tokens a block by default).
+	secondsPerBlock := float64(s.router.Options().BlockSize) * 15e-6
+	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.ext.CacheSalt, ReadyIn: eta.Seconds() / secondsPerBlock}
+	if len(r.items) > 0 {
+		req.Transfer = func(w string) float64 {
+			if strings.HasPrefix(w, "http://") || strings.HasPrefix(w, "https://") {
+				return mergedBytes / s.opts.TransferBytesPerSecond / secondsPerBlock
 			}
-			return eta.Seconds() / secondsPerBlock, transfer
-		}}
+			return 0 // in-process: the merged sequence is handed over in memory
+		}
+	}
 	var d router.Decision
 	if err := s.router.Decide(req, &d); err != nil {
 		return d, errorf(http.StatusServiceUnavailable, "overloaded_error", "", "no LLM worker can take the request: %v", err)

@@ -197,9 +197,14 @@ type Request struct {
 	LoRA   string   // adapter name, mixed into block hashes
 	Salt   string   // cache salt (tenant isolation), mixed into block hashes
 	Allow  []string // if not empty, only these workers are eligible
-	// Extra, if set, adds per-worker cost terms in block units: the media encoder's ETA on that
-	// worker's side and the feature transfer time (filled by the daemon; 0 here).
-	Extra func(worker string) (encodeETA, transfer float64)
+	// ReadyIn is how long until the request's media features are ready (the encoder's ETA), in
+	// blocks of prefill time. A worker cannot start the prefill before then, but its own prefill
+	// backlog drains meanwhile: each worker is charged only the part of the wait its backlog
+	// does not already cover (WorkerScore.EncodeWait), so a request with a long encode leans
+	// towards cache overlap over a short queue.
+	ReadyIn float64
+	// Transfer, if set, is the cost in blocks of moving the request's features to a worker.
+	Transfer func(worker string) float64
 }
 
 // Decision is a routing answer and its explanation.
@@ -254,10 +259,11 @@ func (r *Router) Decide(req Request, d *Decision) error {
 		s.Uncached = max(isl-s.Overlap*bs, 0)
 		s.PrefillBlocks = float64(s.PrefillTokens+int64(s.Uncached)) / float64(bs)
 		s.DecodeBlocks = float64(s.ActiveBlocks + int64(s.NewBlocks))
-		if req.Extra != nil {
-			s.EncodeETA, s.Transfer = req.Extra(w.name)
+		s.EncodeWait = max(req.ReadyIn-float64(s.PrefillTokens)/float64(bs), 0)
+		if req.Transfer != nil {
+			s.Transfer = req.Transfer(w.name)
 		}
-		s.Cost = r.opts.OverlapWeight*s.PrefillBlocks + s.DecodeBlocks + s.EncodeETA + s.Transfer
+		s.Cost = r.opts.OverlapWeight*(s.PrefillBlocks+s.EncodeWait) + s.DecodeBlocks + s.Transfer
 		switch {
 		case !w.healthy.Load():
 			s.Excluded = "unhealthy"

@@ -94,6 +94,41 @@ func TestDecideCostAndExplanation(t *testing.T) {
 	require.Zero(t, blocks+reqs)
 }
 
+// A request whose features are still encoding cannot start its prefill before they are ready,
+// but a worker's prefill backlog drains meanwhile: "a" holds the prompt's blocks behind a
+// 14-block backlog, "b" is idle with nothing cached. Text-only, b is cheaper (a's backlog costs
+// it twice, as prefill and as active blocks); once the encode outlasts a's backlog, that backlog
+// is free and a's cache wins. Every term is checked by hand.
+func TestEncodeWaitHidesBacklog(t *testing.T) {
+	rnd := newRand(t)
+	r, _ := newTestRouter(t, "a", "b")
+	prompt := tokensN(rnd, 16*20) // 20 blocks
+	h, _ := NewHasher(16)
+	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
+	r.Index().Store(r.find("a").slot, 0, ChainKeys(nil, hashes))
+	busy, err := decide(r, Request{Tokens: tokensN(rnd, 16*14)})
+	require.NoError(t, err)
+	require.NoError(t, r.Start("busy", busy, "a", time.Now()))
+
+	f := func(readyIn float64, want string, waitA, costA, waitB, costB float64) {
+		t.Helper()
+		d, err := decide(r, Request{Tokens: prompt, ReadyIn: readyIn})
+		require.NoError(t, err)
+		a, b := scoreOf(t, d, "a"), scoreOf(t, d, "b")
+		require.Equal(t, int64(14*16), a.PrefillTokens)
+		require.InDelta(t, waitA, a.EncodeWait, 1e-9)
+		require.InDelta(t, costA, a.Cost, 1e-9)
+		require.InDelta(t, waitB, b.EncodeWait, 1e-9)
+		require.InDelta(t, costB, b.Cost, 1e-9)
+		require.Equal(t, want, d.Worker, "ready in %v blocks", readyIn)
+	}
+	// a: prefill 14 (backlog) + 0 uncached, decode 14 active + 20 new; b: prefill 20, decode 20.
+	f(0, "b", 0, 14+0+14+20, 0, 20+20)
+	f(5, "b", 0, 14+0+14+20, 5, 20+5+20)   // the encode hides under a's backlog: a gains nothing
+	f(14, "a", 0, 14+0+14+20, 14, 20+14+20) // the backlog is gone by the time the features are
+	f(30, "a", 16, 14+16+14+20, 30, 20+30+20)
+}
+
 func TestDecideFiltersAndTies(t *testing.T) {
 	rnd := newRand(t)
 	r, _ := newTestRouter(t, "x", "y", "z")
@@ -112,17 +147,17 @@ func TestDecideFiltersAndTies(t *testing.T) {
 	var none *ErrNoWorker
 	require.True(t, errors.As(err, &none))
 
-	// Extra cost terms (encode ETA, transfer) move the choice.
+	// A transfer cost moves the choice.
 	require.NoError(t, r.SetHealthy("x", true))
-	d, err = decide(r, Request{Tokens: prompt, Extra: func(w string) (float64, float64) {
+	d, err = decide(r, Request{Tokens: prompt, Transfer: func(w string) float64 {
 		if w == "x" {
-			return 3, 1
+			return 1
 		}
-		return 0, 0.5
+		return 0.5
 	}})
 	require.NoError(t, err)
 	require.Equal(t, "y", d.Worker)
-	require.Equal(t, 3.0, scoreOf(t, d, "x").EncodeETA)
+	require.Equal(t, 1.0, scoreOf(t, d, "x").Transfer)
 
 	_, err = decide(r, Request{Tokens: prompt, Media: []Media{{Offset: 60, Length: 10}}})
 	var bad *ErrBadMedia

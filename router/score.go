@@ -7,9 +7,13 @@ import (
 
 // Scoring, as Dynamo's default selector does it (lib/kv-router scheduling/selector.rs):
 //
-//	cost = overlap weight × prefill blocks + decode blocks (+ encode ETA + transfer)
+//	cost = overlap weight × (prefill blocks + encode wait) + decode blocks + transfer
 //	prefill blocks = (the worker's outstanding prefill tokens + this prompt's uncached tokens) / block size
+//	encode wait    = max(0, blocks until the features are ready − the worker's prefill backlog)
 //	decode blocks  = the worker's active blocks + this prompt's blocks not already active there
+//
+// Prefill blocks and encode wait together are max(backlog, ready in) + uncached: when the
+// request's prefill can end on that worker. Text-only requests have no wait.
 //
 // Temperature 0 picks the cheapest worker (ties: more cached blocks, then the smaller name);
 // above 0, costs are normalised to [0, 1] and a worker is drawn with p ∝ exp(−norm / T).
@@ -20,16 +24,16 @@ type WorkerScore struct {
 	Eligible bool   `json:"eligible"`
 	Excluded string `json:"excluded,omitempty"` // why not eligible: "unhealthy", "not in allow-list"
 
-	Overlap       int     `json:"overlap_blocks"`       // leading prompt blocks cached on the device tier
-	OverlapAny    int     `json:"overlap_any_blocks"`   // ... on any tracked tier
-	ActiveBlocks  int64   `json:"active_blocks"`        // blocks in use by requests in flight
-	PrefillTokens int64   `json:"prefill_tokens"`       // prompt tokens in flight not yet computed
-	NewBlocks     int     `json:"new_blocks"`           // this prompt's blocks not active there yet
-	Uncached      int     `json:"uncached_tokens"`      // this prompt's tokens to compute there
-	PrefillBlocks float64 `json:"prefill_blocks"`       // (PrefillTokens + Uncached) / block size
-	DecodeBlocks  float64 `json:"decode_blocks"`        // ActiveBlocks + NewBlocks
-	EncodeETA     float64 `json:"encode_eta,omitempty"` // from Request.Extra, in block units
-	Transfer      float64 `json:"transfer,omitempty"`
+	Overlap       int     `json:"overlap_blocks"`        // leading prompt blocks cached on the device tier
+	OverlapAny    int     `json:"overlap_any_blocks"`    // ... on any tracked tier
+	ActiveBlocks  int64   `json:"active_blocks"`         // blocks in use by requests in flight
+	PrefillTokens int64   `json:"prefill_tokens"`        // prompt tokens in flight not yet computed
+	NewBlocks     int     `json:"new_blocks"`            // this prompt's blocks not active there yet
+	Uncached      int     `json:"uncached_tokens"`       // this prompt's tokens to compute there
+	PrefillBlocks float64 `json:"prefill_blocks"`        // (PrefillTokens + Uncached) / block size
+	DecodeBlocks  float64 `json:"decode_blocks"`         // ActiveBlocks + NewBlocks
+	EncodeWait    float64 `json:"encode_wait,omitempty"` // Request.ReadyIn beyond the prefill backlog, blocks
+	Transfer      float64 `json:"transfer,omitempty"`    // Request.Transfer, blocks
 	Cost          float64 `json:"cost"`
 	Probability   float64 `json:"probability"` // of being chosen (1 for the argmin at T = 0)
 }

@@ -242,10 +242,7 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 		case Random:
 			return rnd.IntN(fleet.Len())
 		}
-		req := router.Request{Tokens: p.tokens, Media: p.media}
-		if wait > 0 {
-			req.Extra = func(string) (float64, float64) { return float64(wait) / float64(blockTime), 0 }
-		}
+		req := router.Request{Tokens: p.tokens, Media: p.media, ReadyIn: float64(wait) / float64(blockTime)}
 		if err := rt.Decide(req, &decision); err != nil {
 			states[i].rejected = true
 			return -1
