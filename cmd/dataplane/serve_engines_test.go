@@ -1,0 +1,72 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// serve in front of OpenAI-compatible engines that publish vLLM KV events: `dataplane mock`
+// stands in for two vLLM engines (HTTP completions, ZMQ PUB + replay), serve gets them the way
+// a user points it at vLLM (--workers, --kv-events, --kv-replay). The engines' events reach
+// serve's router over ZMQ, so the same prompt again goes to the engine that holds it, counted
+// as cached there, and the engine confirms the hit in its usage.
+func TestServeWithHTTPEnginesAndKVEvents(t *testing.T) {
+	m, _ := startCommand(t, []string{"mock", "--engines", "2", "--listen", "127.0.0.1:0", "--kv-events", "zmq", "--zmq-port", "0", "--speedup", "20"},
+		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
+	addr := m[0][1]
+	resp, err := http.Get("http://" + addr + "/engines")
+	require.NoError(t, err)
+	var engines []struct {
+		Events string `json:"kv_events"`
+		Replay string `json:"kv_replay"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&engines))
+	resp.Body.Close()
+	require.Len(t, engines, 2)
+	urls := []string{fmt.Sprintf("http://%s/engines/0", addr), fmt.Sprintf("http://%s/engines/1", addr)}
+
+	sm, _ := startCommand(t, []string{"serve", "--listen", "127.0.0.1:0", "--log-level", "info", "--no-audio",
+		"--workers", strings.Join(urls, ","),
+		"--kv-events", engines[0].Events + "," + engines[1].Events,
+		"--kv-replay", engines[0].Replay + "," + engines[1].Replay},
+		regexp.MustCompile(`^curl -s (http://[0-9.:]+)/v1/chat/completions`))
+	base := sm[0][1]
+
+	ids := make([]string, 160) // 10 blocks of 16 tokens
+	for i := range ids {
+		ids[i] = fmt.Sprint(100 + i)
+	}
+	body := []byte(`{"prompt": [` + strings.Join(ids, ",") + `], "max_tokens": 4}`)
+	code, out := postJSON(t, base+"/v1/completions", body)
+	require.Equal(t, 200, code, "%v", out)
+	require.Len(t, strings.Fields(out["choices"].([]any)[0].(map[string]any)["text"].(string)), 4)
+	first := route(t, base)
+	require.Contains(t, urls, first.Worker)
+
+	require.Eventually(t, func() bool {
+		for _, s := range route(t, base).Scores {
+			if s.Worker == first.Worker && s.Overlap == 10 {
+				return true
+			}
+		}
+		code, _ := postJSON(t, base+"/v1/completions", body) // route again to refresh the explanation
+		require.Equal(t, 200, code)
+		return false
+	}, 15*time.Second, 50*time.Millisecond, "the engine's KV events reached serve's router over ZMQ")
+	code, out = postJSON(t, base+"/v1/completions", body)
+	require.Equal(t, 200, code, "%v", out)
+	again := route(t, base)
+	require.Equal(t, first.Worker, again.Worker, "the prompt goes where its blocks are")
+	details, _ := out["usage"].(map[string]any)["prompt_tokens_details"].(map[string]any)
+	require.NotNil(t, details, "%v", out["usage"])
+	// As vLLM does, the engine computes at least the prompt's last token, so its last full block
+	// is not taken from the cache: 9 of the 10 blocks are.
+	require.Equal(t, float64(144), details["cached_tokens"], "the engine found the prompt cached")
+}
