@@ -29,6 +29,7 @@ type FeedStats struct {
 	Batches        atomic.Int64 // batches applied (live and replayed)
 	BadPayloads    atomic.Int64 // payloads that did not decode: skipped
 	BadEvents      atomic.Int64 // events that decoded but made no sense (token count vs blocks): skipped
+	UnknownEvents  atomic.Int64 // events of a type the decoder does not know (newer vLLM): skipped
 	Filtered       atomic.Int64 // events for another medium or attention group
 	SizeMismatch   atomic.Int64 // BlockStored with another block size
 	UnknownParent  atomic.Int64 // BlockStored whose parent the router never saw: skipped
@@ -163,6 +164,9 @@ func (e *Engine) apply(seq uint64, payload []byte) {
 	if err := DecodeBatch(payload, &e.batch); err != nil {
 		e.stats.BadPayloads.Add(1)
 		return
+	}
+	if e.batch.Unknown > 0 {
+		e.stats.UnknownEvents.Add(int64(e.batch.Unknown))
 	}
 	for i := range e.batch.Events {
 		e.applyEvent(&e.batch.Events[i])

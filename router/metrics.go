@@ -75,6 +75,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	n(c.events, s.Batches.Load(), "batch_applied")
 	n(c.events, s.BadPayloads.Load(), "bad_payload")
 	n(c.events, s.BadEvents.Load(), "bad_event")
+	n(c.events, s.UnknownEvents.Load(), "unknown_event")
 	n(c.events, s.Filtered.Load(), "filtered")
 	n(c.events, s.SizeMismatch.Load(), "block_size_mismatch")
 	n(c.events, s.UnknownParent.Load(), "unknown_parent")

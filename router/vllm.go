@@ -12,7 +12,9 @@ import (
 // writes a batch as an array [ts, events, data_parallel_rank?] when its structs are array_like
 // (older vLLM) or as a map {ts, events, data_parallel_rank} (newer), and each event as a tagged
 // array ["BlockStored", fields...] or a map with "type". Trailing fields at their defaults may
-// be missing (omit_defaults); unknown map keys and extra array fields are ignored.
+// be missing (omit_defaults); unknown map keys and extra array fields are ignored. Events of a
+// type this decoder does not know (vLLM adds types over time) are skipped whole and counted in
+// Batch.Unknown; the batch's other events still apply.
 
 // EventKind is the type of a KV event.
 type EventKind uint8
@@ -60,18 +62,20 @@ type BlockExtra struct {
 	strs  []string // plain strings, until resolveExtras sorts them out
 }
 
-// Batch is one published message. DPRank is -1 when the batch does not carry one.
+// Batch is one published message. DPRank is -1 when the batch does not carry one. Unknown
+// counts the events of unknown types that were skipped (they are not in Events).
 type Batch struct {
-	TS     float64
-	DPRank int
-	Events []Event
+	TS      float64
+	DPRank  int
+	Events  []Event
+	Unknown int
 }
 
 // DecodeBatch decodes a msgpack payload into b, reusing b's storage. A malformed payload is a
 // *DecodeError; b's contents are then unspecified.
 func DecodeBatch(payload []byte, b *Batch) error {
 	r := &mpReader{b: payload}
-	b.TS, b.DPRank = 0, -1
+	b.TS, b.DPRank, b.Unknown = 0, -1, 0
 	b.Events = b.Events[:0]
 	var err error
 	switch r.kind() {
@@ -138,6 +142,10 @@ func decodeBatchField(r *mpReader, b *Batch, pos int, key string) error {
 			if err := decodeEvent(r, ev); err != nil {
 				return err
 			}
+			if ev.Kind == unknownKind {
+				b.Events = b.Events[:len(b.Events)-1] // its storage is reused by the next event
+				b.Unknown++
+			}
 		}
 		return nil
 	case pos == 2 || key == "data_parallel_rank":
@@ -169,6 +177,10 @@ var (
 	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
 
+// unknownKind marks an event whose type the decoder does not know: decodeEvent skips its
+// fields and the batch drops it.
+const unknownKind EventKind = 0xff
+
 func decodeEvent(r *mpReader, ev *Event) error {
 	isMap := r.kind() == mpMap
 	n, err := r.readLen(isMap)
@@ -184,16 +196,14 @@ func decodeEvent(r *mpReader, ev *Event) error {
 		if err != nil {
 			return err
 		}
-		if err := ev.setKind(r, tag); err != nil {
-			return err
-		}
+		ev.setKind(tag)
 		fields := storedFields
 		if ev.Kind != BlockStored {
 			fields = removedFields
 		}
 		for i := 1; i < n; i++ {
 			name := ""
-			if ev.Kind != AllBlocksCleared && i-1 < len(fields) {
+			if ev.Kind != AllBlocksCleared && ev.Kind != unknownKind && i-1 < len(fields) {
 				name = fields[i-1]
 			}
 			if err := decodeEventField(r, ev, name, &loraID); err != nil {
@@ -201,17 +211,18 @@ func decodeEvent(r *mpReader, ev *Event) error {
 			}
 		}
 	} else {
+		// The type first: msgspec writes the tag field first, so this is one key; otherwise it is
+		// looked for ahead, so that the fields of an unknown type are skipped unread.
+		if err := peekEventType(r, n, ev); err != nil {
+			return err
+		}
 		for range n {
 			key, err := r.readStr()
 			if err != nil {
 				return err
 			}
-			if string(key) == "type" {
-				tag, err := r.readStr()
-				if err != nil {
-					return err
-				}
-				if err := ev.setKind(r, tag); err != nil {
+			if ev.Kind == unknownKind || string(key) == "type" {
+				if err := r.skip(); err != nil {
 					return err
 				}
 				continue
@@ -220,9 +231,9 @@ func decodeEvent(r *mpReader, ev *Event) error {
 				return err
 			}
 		}
-		if ev.Kind == 0 {
-			return r.fail(`event map without "type"`)
-		}
+	}
+	if ev.Kind == unknownKind {
+		return nil
 	}
 	if ev.LoraName == "" {
 		ev.LoraName = loraID
@@ -230,7 +241,31 @@ func decodeEvent(r *mpReader, ev *Event) error {
 	return ev.resolveExtras()
 }
 
-func (ev *Event) setKind(r *mpReader, tag []byte) error {
+// peekEventType sets ev.Kind from the "type" entry of an event map of n entries whose header r
+// has just read, without moving r.
+func peekEventType(r *mpReader, n int, ev *Event) error {
+	p := *r
+	for range n {
+		key, err := p.readStr()
+		if err != nil {
+			return err
+		}
+		if string(key) == "type" {
+			tag, err := p.readStr()
+			if err != nil {
+				return err
+			}
+			ev.setKind(tag)
+			return nil
+		}
+		if err := p.skip(); err != nil {
+			return err
+		}
+	}
+	return r.fail(`event map without "type"`)
+}
+
+func (ev *Event) setKind(tag []byte) {
 	switch string(tag) {
 	case "BlockStored":
 		ev.Kind = BlockStored
@@ -239,9 +274,8 @@ func (ev *Event) setKind(r *mpReader, tag []byte) error {
 	case "AllBlocksCleared":
 		ev.Kind = AllBlocksCleared
 	default:
-		return r.fail(fmt.Sprintf("unknown event type %q", tag))
+		ev.Kind = unknownKind
 	}
-	return nil
 }
 
 func decodeEventField(r *mpReader, ev *Event, name string, loraID *string) error {

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -116,12 +117,76 @@ func TestDecodeBatchErrors(t *testing.T) {
 	f("not a batch", []byte{0x01})
 	f("short array", (&msgpackEncoder{}).array(1).float(1).b)
 	f("huge array length", []byte{0xdd, 0xff, 0xff, 0xff, 0xff})
-	f("unknown event", (&msgpackEncoder{}).array(2).float(1).array(1).array(1).str("BlockMoved").b)
+	f("unknown event with a non-string tag", (&msgpackEncoder{}).array(2).float(1).array(1).array(1).uint(7).b)
+	f("unknown event, truncated", (&msgpackEncoder{}).array(2).float(1).array(1).array(3).str("BlockMoved").array(2).uint(1).b)
+	f("unknown map event, truncated", (&msgpackEncoder{}).array(2).float(1).array(1).map_(2).str("type").str("BlockMoved").str("x").b)
+	f("map event with a non-string type", (&msgpackEncoder{}).array(2).float(1).array(1).map_(1).str("type").uint(1).b)
 	f("map event without type", (&msgpackEncoder{}).array(2).float(1).array(1).map_(1).str("medium").str("GPU").b)
 	f("negative token", (&msgpackEncoder{}).array(2).float(1).array(1).array(4).str("BlockStored").array(0).nil().array(1).int(-1).b)
 	f("truncated", (&msgpackEncoder{}).array(2).float(1).array(1).array(2).str("BlockRemoved").array(2).uint(1).b)
 	f("trailing bytes", append((&msgpackEncoder{}).array(2).float(1).array(0).b, 0xc0))
 	f("ts not a number", (&msgpackEncoder{}).array(2).str("x").array(0).b)
+}
+
+// unknownEvent writes an event of a type vLLM may add one day, with fields that would not
+// decode as any known event's (block_hashes as a string, token_ids as a map).
+func unknownEvent(e *msgpackEncoder, asMap bool) {
+	if asMap {
+		// "type" after other fields: the decoder has to look ahead for it.
+		e.map_(4).str("block_hashes").str("not a list").str("type").str("BlockMoved")
+		e.str("token_ids").map_(1).str("k").array(2).nil().float(2).str("medium").uint(3)
+	} else {
+		e.array(4).str("BlockMoved").str("not a list").map_(1).str("k").array(2).nil().float(2).uint(3)
+	}
+}
+
+// An event of an unknown type is skipped and counted; the events around it decode and, through
+// an Engine, apply, in both the tagged-array and the map layout, in array and map batches.
+func TestDecodeBatchSkipsUnknownEvents(t *testing.T) {
+	r := newRand(t)
+	for _, asMap := range []bool{false, true} {
+		c := newConvo(r, 6)
+		payload := batchOf(asMap, func(e *msgpackEncoder) {
+			unknownEvent(e, asMap)
+			c.stored(e, 0, 4, asMap)
+			unknownEvent(e, asMap)
+			unknownEvent(e, !asMap)
+			c.removed(e, 3, 4)
+			e.array(1).str("AllBlocksCleared")
+			c.stored(e, 0, 2, asMap)
+			unknownEvent(e, asMap)
+		}, 8)
+		var b Batch
+		b.Unknown = 9 // reset by DecodeBatch
+		require.NoError(t, DecodeBatch(payload, &b), "map=%v", asMap)
+		require.Equal(t, 4, b.Unknown)
+		kinds := []EventKind{}
+		for _, ev := range b.Events {
+			kinds = append(kinds, ev.Kind)
+		}
+		require.Equal(t, []EventKind{BlockStored, BlockRemoved, AllBlocksCleared, BlockStored}, kinds)
+		require.Equal(t, c.engine[:4], b.Events[0].Hashes)
+		require.Equal(t, c.tokens[:64], b.Events[0].Tokens)
+		require.Equal(t, c.engine[3:4], b.Events[1].Hashes)
+		require.Equal(t, c.engine[:2], b.Events[3].Hashes, "the slot an unknown event used is reused cleanly")
+
+		// Through an engine: the known events apply, the unknown ones are counted.
+		g := newEngineRig(t, 1, nil)
+		g.eng.Live(0, batchOf(asMap, func(e *msgpackEncoder) {
+			c.stored(e, 0, 4, asMap)
+			unknownEvent(e, asMap)
+			c.stored(e, 4, 6, asMap) // its parent (block 3) was stored by the event before last
+			unknownEvent(e, !asMap)
+			c.removed(e, 5, 6)
+		}, 5), nil)
+		require.Zero(t, g.stats.BadPayloads.Load())
+		require.Equal(t, int64(2), g.stats.UnknownEvents.Load())
+		require.Equal(t, int64(6), g.stats.BlocksStored.Load())
+		require.Equal(t, int64(1), g.stats.BlocksRemoved.Load())
+		require.Zero(t, g.stats.UnknownParent.Load())
+		require.Equal(t, 5, g.overlap(c.ours, 0))
+		require.Equal(t, int64(5), g.ix.Held(g.w, 0))
+	}
 }
 
 // msgpackEncoder writes msgpack for tests; it is checked against python3-msgpack's bytes below.
@@ -220,9 +285,27 @@ func FuzzDecodeBatch(f *testing.F) {
 		f.Add(p)
 	}
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90})
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, asMap := range []bool{false, true} {
+		c := newConvo(r, 2)
+		f.Add(batchOf(asMap, func(e *msgpackEncoder) {
+			c.stored(e, 0, 1, asMap)
+			unknownEvent(e, asMap)
+			unknownEvent(e, !asMap)
+			c.removed(e, 0, 1)
+		}, 4))
+		f.Add(batchOf(asMap, func(e *msgpackEncoder) { unknownEvent(e, asMap) }, 1))
+	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		var b Batch
 		err := DecodeBatch(payload, &b)
+		if err == nil {
+			for _, ev := range b.Events {
+				if ev.Kind < BlockStored || ev.Kind > AllBlocksCleared {
+					t.Fatalf("event of kind %d in a decoded batch", ev.Kind)
+				}
+			}
+		}
 		if err != nil {
 			var de *DecodeError
 			if !errors.As(err, &de) || de.Offset < 0 || de.Offset > len(payload) {
