@@ -24,6 +24,11 @@ type fakeVLLM struct {
 	seq    uint64
 	buffer [][2][]byte // seq, payload
 	topic  bool        // newer vLLM: replies carry the topic frame too
+
+	// With asked set, each replay request's start seq is sent there; with hold set, the answer
+	// waits until hold is closed and then serves the buffer as it is by then.
+	asked chan uint64
+	hold  chan struct{}
 }
 
 func newFakeVLLM(t *testing.T, ctx context.Context) *fakeVLLM {
@@ -49,6 +54,15 @@ func (f *fakeVLLM) serveReplay() {
 			continue
 		}
 		id, start := m.Frames[0], binary.BigEndian.Uint64(m.Frames[2])
+		f.mu.Lock()
+		asked, hold := f.asked, f.hold
+		f.mu.Unlock()
+		if asked != nil {
+			asked <- start
+		}
+		if hold != nil {
+			<-hold
+		}
 		f.mu.Lock()
 		buf := append([][2][]byte(nil), f.buffer...)
 		topic := f.topic
@@ -248,6 +262,118 @@ func TestZMQEndToEnd(t *testing.T) {
 	require.Equal(t, int64(2), ix.Held(w, 0), "nothing from before the restart survives")
 	require.Equal(t, int64(2), ix.Blocks())
 	require.Zero(t, stats.ReplayFailures.Load())
+
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("subscriber did not stop")
+	}
+}
+
+// A replay in progress holds up its engine, not the stream: live batches that arrive while the
+// replay responder sits on its answer are buffered, then applied after the replayed batch, in
+// order (batches that only apply on top of the one before), each once, although the replay's
+// answer repeats them too.
+func TestZMQLiveBatchesDuringReplay(t *testing.T) {
+	r := newRand(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	vllm := newFakeVLLM(t, ctx)
+	pubEP, replayEP := vllm.endpoints()
+
+	ix, err := NewIndex(DefaultIndexOptions())
+	require.NoError(t, err)
+	w, _ := ix.AddWorker(0)
+	opts := DefaultFeedOptions()
+	var stats FeedStats
+	eng, err := NewEngine(ix, w, &opts, &stats)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		done <- SubscribeZMQ(ctx, DefaultZMQOptions(pubEP, replayEP), &stats, func(int) (*Engine, error) { return eng, nil })
+	}()
+	require.Eventually(t, func() bool { return len(vllm.pub.(interface{ Topics() []string }).Topics()) > 0 },
+		10*time.Second, 10*time.Millisecond, "subscriber never connected")
+
+	c, d := newConvo(r, 32), newConvo(r, 8)
+	overlap := func(c *convo) int {
+		var m Match
+		ix.Match(ChainKeys(nil, c.ours), &m)
+		return m.Blocks(w, 0)
+	}
+	vllm.publish(batchOf(false, func(e *msgpackEncoder) { c.stored(e, 0, 2, false) }, 1), true)
+	vllm.publish(batchOf(true, func(e *msgpackEncoder) { c.stored(e, 2, 4, true) }, 1), true)
+	require.Eventually(t, func() bool { return overlap(c) == 4 }, 10*time.Second, 5*time.Millisecond)
+
+	// seq 2 is lost; seq 3 (which needs it: its parent is there) asks for a replay, which the
+	// responder holds.
+	asked, hold := make(chan uint64, 1), make(chan struct{})
+	vllm.mu.Lock()
+	vllm.asked, vllm.hold = asked, hold
+	vllm.mu.Unlock()
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(hold)
+		}
+	}
+	defer release()
+	vllm.publish(batchOf(true, func(e *msgpackEncoder) { c.stored(e, 4, 6, true) }, 1), false)
+	vllm.publish(batchOf(false, func(e *msgpackEncoder) { c.stored(e, 6, 8, false) }, 1), true)
+	select {
+	case from := <-asked:
+		require.Equal(t, uint64(2), from)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no replay request")
+	}
+
+	// While the replay is held: seq 4..15, each continuing c from the batch before, and d
+	// stored, cut and stored again (the order decides what is left).
+	const live = 12
+	for i := range live {
+		asMap := i%2 == 1
+		n := 1
+		if i%4 != 0 {
+			n = 2
+		}
+		vllm.publish(batchOf(asMap, func(e *msgpackEncoder) {
+			c.stored(e, 8+2*i, 10+2*i, asMap)
+			switch i % 4 {
+			case 1:
+				d.stored(e, 0, 8, asMap)
+			case 2:
+				d.removed(e, 4, 8)
+			case 3:
+				d.stored(e, 4, 8, asMap)
+			}
+		}, n), true)
+	}
+	time.Sleep(300 * time.Millisecond) // the live batches reach the subscriber and pile up
+	require.Equal(t, 4, overlap(c), "nothing past the gap may apply before the replay")
+	require.Zero(t, overlap(d))
+	require.Equal(t, int64(2), stats.Batches.Load())
+
+	release()
+	total := int64(4 + live)
+	require.Eventually(t, func() bool { return stats.Batches.Load() == total && overlap(c) == 32 },
+		10*time.Second, 5*time.Millisecond, "applied %d of %d batches, c overlap %d", stats.Batches.Load(), total, overlap(c))
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, total, stats.Batches.Load(), "a batch was applied twice")
+	require.Equal(t, 8, overlap(d))
+	require.Equal(t, int64(1), stats.Gaps.Load())
+	require.Equal(t, int64(1), stats.Replayed.Load(), "only seq 2 comes from the replay")
+	for name, v := range map[string]int64{"duplicates": stats.Duplicates.Load(), "restarts": stats.Restarts.Load(),
+		"unknown parents": stats.UnknownParent.Load(), "unknown blocks": stats.UnknownBlocks.Load(),
+		"bad payloads": stats.BadPayloads.Load(), "replay failures": stats.ReplayFailures.Load(),
+		"unrecoverable": stats.Unrecoverable.Load()} {
+		require.Zero(t, v, name)
+	}
+	require.Equal(t, int64(32+20), stats.BlocksStored.Load())
+	require.Equal(t, int64(12), stats.BlocksRemoved.Load())
+	require.Equal(t, int64(32+8), ix.Held(w, 0))
 
 	cancel()
 	select {
