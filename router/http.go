@@ -1,9 +1,11 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +23,8 @@ import (
 //	                    With a request_id the request is tracked against the chosen worker until
 //	POST /v1/lifecycle  {"request_id", "event": "first_token" | "finish" | "cancel"}
 //	GET  /v1/workers    every worker's cached blocks, active blocks, prefill tokens, health
+//	GET  /debug/route   the last routing decision, or ?request_id= one of the last 256:
+//	                    {"request_id", "decision"}, as the daemon's /debug/route
 //	GET  /healthz, GET /metrics
 
 // RouteRequest is the body of POST /v1/route.
@@ -75,12 +79,19 @@ type HTTPHandler struct {
 	latency  prometheus.Histogram
 	requests *prometheus.CounterVec
 	now      func() time.Time
+
+	log    *slog.Logger // nil: decisions are not logged
+	recent *DecisionLog
 }
+
+// RecentDecisions is how many decisions GET /debug/route can look up by request id.
+const RecentDecisions = 256
 
 // NewHTTPHandler builds the handler and registers its own request metrics on reg.
 func NewHTTPHandler(r *Router, reg *prometheus.Registry) *HTTPHandler {
 	h := &HTTPHandler{
 		r:       r,
+		recent:  NewDecisionLog(RecentDecisions),
 		metrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dataplane_router_route_duration_seconds",
@@ -95,6 +106,59 @@ func NewHTTPHandler(r *Router, reg *prometheus.Registry) *HTTPHandler {
 	}
 	reg.MustRegister(h.latency, h.requests)
 	return h
+}
+
+// SetLogger makes the handler log each routing decision on l at debug level: the chosen worker
+// and, per worker, overlap, load and cost in one line (see CompactScores). Call it before
+// serving; when l does not log at debug level, nothing is formatted.
+func (h *HTTPHandler) SetLogger(l *slog.Logger) { h.log = l }
+
+// CompactScores writes a decision's explanation in one short line, a worker after another:
+// "name[ov=cached blocks act=active blocks pf=prefill tokens cost=C]", with p= when the worker
+// was drawn at a temperature, or "name[excluded: why]".
+func CompactScores(scores []WorkerScore) string {
+	var b strings.Builder
+	for i, s := range scores {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(s.Worker)
+		if !s.Eligible {
+			b.WriteString("[excluded: ")
+			b.WriteString(s.Excluded)
+			b.WriteByte(']')
+			continue
+		}
+		fmt.Fprintf(&b, "[ov=%d act=%d pf=%d cost=%.4g", s.Overlap, s.ActiveBlocks, s.PrefillTokens, s.Cost)
+		if s.Probability > 0 && s.Probability < 1 {
+			fmt.Fprintf(&b, " p=%.3g", s.Probability)
+		}
+		b.WriteByte(']')
+	}
+	return b.String()
+}
+
+func (h *HTTPHandler) logDecision(id string, d *Decision, err error) {
+	if h.log == nil || !h.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	if err != nil {
+		h.log.Debug("route failed", "request_id", id, "tokens", d.Tokens, "err", err, "scores", CompactScores(d.Scores))
+		return
+	}
+	h.log.Debug("route", "request_id", id, "worker", d.Worker, "blocks", d.Blocks, "tokens", d.Tokens,
+		"scores", CompactScores(d.Scores))
+}
+
+func (h *HTTPHandler) debugRoute(ctx *fasthttp.RequestCtx) {
+	id := string(ctx.QueryArgs().Peek("request_id"))
+	d, ok := h.recent.Get(id)
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotFound, "not_found",
+			fmt.Sprintf("no routing decision for %q among the last %d", id, RecentDecisions))
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, d)
 }
 
 // Handle is the fasthttp handler.
@@ -112,6 +176,9 @@ func (h *HTTPHandler) Handle(ctx *fasthttp.RequestCtx) {
 	case path == "/v1/workers":
 		route = "/v1/workers"
 		writeJSON(ctx, fasthttp.StatusOK, h.r.Snapshot())
+	case path == "/debug/route":
+		route = "/debug/route"
+		h.debugRoute(ctx)
 	case path == "/healthz":
 		route = "/healthz"
 		ctx.SetContentType("text/plain; charset=utf-8")
@@ -149,6 +216,7 @@ func (h *HTTPHandler) route(ctx *fasthttp.RequestCtx) {
 	}
 	var d Decision
 	err := h.r.Decide(Request{Tokens: req.TokenIDs, Media: media, LoRA: req.LoRA, Salt: req.Salt, Allow: req.Allow}, &d)
+	h.logDecision(req.RequestID, &d, err)
 	var bad *ErrBadMedia
 	var none *ErrNoWorker
 	switch {
@@ -169,6 +237,7 @@ func (h *HTTPHandler) route(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	writeJSON(ctx, fasthttp.StatusOK, d)
+	h.recent.Add(req.RequestID, d)
 }
 
 func (h *HTTPHandler) lifecycle(ctx *fasthttp.RequestCtx) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -94,4 +95,61 @@ func TestHTTPAPI(t *testing.T) {
 		require.Contains(t, out, m)
 	}
 	require.True(t, bytes.Contains([]byte(out), []byte("dataplane_router_route_duration_seconds_bucket")))
+}
+
+// GET /debug/route explains the last decision or one by request id, and each decision is logged
+// in one line at debug level.
+func TestHTTPDebugRouteAndLog(t *testing.T) {
+	r, _ := newTestRouter(t, "w1", "w2")
+	h := NewHTTPHandler(r, prometheus.NewRegistry())
+	var logs bytes.Buffer
+	h.SetLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &fasthttp.Server{Handler: h.Handle}
+	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown below
+	defer srv.Shutdown()
+	base := "http://" + ln.Addr().String()
+	get := func(path string) (int, LoggedDecision, string) {
+		t.Helper()
+		resp, err := http.Get(base + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var d LoggedDecision
+		if resp.StatusCode == 200 {
+			require.NoError(t, json.Unmarshal(b, &d), string(b))
+		}
+		return resp.StatusCode, d, string(b)
+	}
+	code, _, out := get("/debug/route")
+	require.Equal(t, 404, code, out)
+
+	prompt := tokensN(newRand(t), 64)
+	h2, _ := NewHasher(16)
+	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", ""), nil)
+	r.Index().Store(r.find("w1").slot, 0, ChainKeys(nil, hashes)[:3])
+	ids, _ := json.Marshal(prompt)
+	for _, id := range []string{"a", "b"} {
+		resp, err := http.Post(base+"/v1/route", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"token_ids": %s, "request_id": %q}`, ids, id)))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	code, last, out := get("/debug/route")
+	require.Equal(t, 200, code, out)
+	require.Equal(t, "b", last.RequestID)
+	code, first, out := get("/debug/route?request_id=a")
+	require.Equal(t, 200, code, out)
+	require.Equal(t, "a", first.RequestID)
+	require.Equal(t, "w1", first.Decision.Worker)
+	require.Equal(t, 3, scoreOf(t, first.Decision, "w1").Overlap)
+	require.Empty(t, first.Decision.Hashes)
+	code, _, out = get("/debug/route?request_id=zzz")
+	require.Equal(t, 404, code)
+	require.Contains(t, out, `no routing decision for \"zzz\"`)
+
+	require.Contains(t, logs.String(), "request_id=a worker=w1")
+	require.Contains(t, logs.String(), "w1[ov=3 ")
 }

@@ -43,10 +43,27 @@ func NATSMessage(seq uint64, batch []byte) []byte {
 	return append(out, batch...)
 }
 
-// SubscribeNATS feeds r's workers from <prefix>.<worker> until ctx ends. Messages are handled
-// one at a time on the subscription's goroutine (so each worker's batches stay in order); the
-// client's pending limits bound what waits, and an overflow shows up as a sequence gap.
+// SubscribeNATS feeds r's workers from <prefix>.<worker> until ctx ends (StartNATS, then a
+// drain when ctx ends).
 func SubscribeNATS(ctx context.Context, nc *nats.Conn, prefix string, r *Router, stats *NATSStats) error {
+	sub, err := StartNATS(nc, prefix, r, stats)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	// Drain lets the handler finish what is queued; Unsubscribe would drop it.
+	if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		return err
+	}
+	return ctx.Err()
+}
+
+// StartNATS subscribes r's workers to <prefix>.<worker> and returns once the server has the
+// subscription, so nothing published afterwards is missed; Drain the subscription to stop.
+// Messages are handled one at a time on the subscription's goroutine (so each worker's batches
+// stay in order); the client's pending limits bound what waits, and an overflow shows up as a
+// sequence gap.
+func StartNATS(nc *nats.Conn, prefix string, r *Router, stats *NATSStats) (*nats.Subscription, error) {
 	sub, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
 		name := strings.TrimPrefix(m.Subject, prefix+".")
 		w := r.find(name)
@@ -61,17 +78,13 @@ func SubscribeNATS(ctx context.Context, nc *nats.Conn, prefix string, r *Router,
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("nats subscribe %s.>: %w", prefix, err)
+		return nil, fmt.Errorf("nats subscribe %s.>: %w", prefix, err)
 	}
 	if err := nc.Flush(); err != nil { // the server has the subscription when this returns
-		return fmt.Errorf("nats subscribe %s.>: %w", prefix, err)
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("nats subscribe %s.>: %w", prefix, err)
 	}
-	<-ctx.Done()
-	// Drain lets the handler finish what is queued; Unsubscribe would drop it.
-	if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		return err
-	}
-	return ctx.Err()
+	return sub, nil
 }
 
 // StartEmbeddedNATS starts an in-process NATS server listening on addr (HOST:PORT; port 0

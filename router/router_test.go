@@ -124,7 +124,7 @@ func TestEncodeWaitHidesBacklog(t *testing.T) {
 	}
 	// a: prefill 14 (backlog) + 0 uncached, decode 14 active + 20 new; b: prefill 20, decode 20.
 	f(0, "b", 0, 14+0+14+20, 0, 20+20)
-	f(5, "b", 0, 14+0+14+20, 5, 20+5+20)   // the encode hides under a's backlog: a gains nothing
+	f(5, "b", 0, 14+0+14+20, 5, 20+5+20)    // the encode hides under a's backlog: a gains nothing
 	f(14, "a", 0, 14+0+14+20, 14, 20+14+20) // the backlog is gone by the time the features are
 	f(30, "a", 16, 14+16+14+20, 30, 20+30+20)
 }

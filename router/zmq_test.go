@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -184,38 +185,70 @@ func batchOf(asMap bool, events func(e *msgpackEncoder), n int) []byte {
 	return e.b
 }
 
+// zmqRig is one worker's index fed by SubscribeZMQ (DP rank 0 only) from a fake vLLM on
+// loopback, the subscriber connected.
+type zmqRig struct {
+	vllm   *fakeVLLM
+	ix     *Index
+	w      Worker
+	stats  FeedStats
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newZMQRig(t *testing.T) *zmqRig {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	g := &zmqRig{vllm: newFakeVLLM(t, ctx), cancel: cancel, done: make(chan error, 1)}
+	pubEP, replayEP := g.vllm.endpoints()
+	var err error
+	g.ix, err = NewIndex(DefaultIndexOptions())
+	require.NoError(t, err)
+	g.w, _ = g.ix.AddWorker(0)
+	opts := DefaultFeedOptions()
+	eng, err := NewEngine(g.ix, g.w, &opts, &g.stats)
+	require.NoError(t, err)
+	go func() {
+		g.done <- SubscribeZMQ(ctx, DefaultZMQOptions(pubEP, replayEP), &g.stats, func(rank int) (*Engine, error) {
+			if rank != 0 {
+				return nil, fmt.Errorf("DP rank %d: the fake vLLM has only rank 0", rank)
+			}
+			return eng, nil
+		})
+	}()
+	require.Eventually(t, func() bool { return len(g.vllm.pub.(interface{ Topics() []string }).Topics()) > 0 },
+		10*time.Second, 10*time.Millisecond, "subscriber never connected")
+	return g
+}
+
+// overlap is how many leading blocks of c the worker holds, by the index.
+func (g *zmqRig) overlap(c *convo) int {
+	var m Match
+	g.ix.Match(ChainKeys(nil, c.ours), &m)
+	return m.Blocks(g.w, 0)
+}
+
+// stop cancels the subscriber and checks it ends, with context.Canceled.
+func (g *zmqRig) stop() {
+	t := g.vllm.t
+	t.Helper()
+	g.cancel()
+	select {
+	case err := <-g.done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("subscriber did not stop")
+	}
+}
+
 // End to end over real ZMQ on loopback: both encodings, a dropped batch that replay recovers, a
 // duplicate, a garbage payload, an engine restart; the index answers what vLLM holds.
 func TestZMQEndToEnd(t *testing.T) {
 	r := newRand(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	vllm := newFakeVLLM(t, ctx)
-	pubEP, replayEP := vllm.endpoints()
-
-	ix, err := NewIndex(DefaultIndexOptions())
-	require.NoError(t, err)
-	w, _ := ix.AddWorker(0)
-	opts := DefaultFeedOptions()
-	var stats FeedStats
-	eng, err := NewEngine(ix, w, &opts, &stats)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		done <- SubscribeZMQ(ctx, DefaultZMQOptions(pubEP, replayEP), &stats, func(rank int) (*Engine, error) {
-			require.Equal(t, 0, rank)
-			return eng, nil
-		})
-	}()
-	require.Eventually(t, func() bool { return len(vllm.pub.(interface{ Topics() []string }).Topics()) > 0 },
-		10*time.Second, 10*time.Millisecond, "subscriber never connected")
+	g := newZMQRig(t)
+	vllm, ix, w, stats, overlap := g.vllm, g.ix, g.w, &g.stats, g.overlap
 
 	a, b := newConvo(r, 12), newConvo(r, 6)
-	overlap := func(c *convo) int {
-		var m Match
-		ix.Match(ChainKeys(nil, c.ours), &m)
-		return m.Blocks(w, 0)
-	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		require.Eventually(t, cond, 10*time.Second, 5*time.Millisecond, what)
@@ -263,13 +296,7 @@ func TestZMQEndToEnd(t *testing.T) {
 	require.Equal(t, int64(2), ix.Blocks())
 	require.Zero(t, stats.ReplayFailures.Load())
 
-	cancel()
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, context.Canceled)
-	case <-time.After(10 * time.Second):
-		t.Fatal("subscriber did not stop")
-	}
+	g.stop()
 }
 
 // A replay in progress holds up its engine, not the stream: live batches that arrive while the
@@ -278,31 +305,10 @@ func TestZMQEndToEnd(t *testing.T) {
 // answer repeats them too.
 func TestZMQLiveBatchesDuringReplay(t *testing.T) {
 	r := newRand(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	vllm := newFakeVLLM(t, ctx)
-	pubEP, replayEP := vllm.endpoints()
-
-	ix, err := NewIndex(DefaultIndexOptions())
-	require.NoError(t, err)
-	w, _ := ix.AddWorker(0)
-	opts := DefaultFeedOptions()
-	var stats FeedStats
-	eng, err := NewEngine(ix, w, &opts, &stats)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		done <- SubscribeZMQ(ctx, DefaultZMQOptions(pubEP, replayEP), &stats, func(int) (*Engine, error) { return eng, nil })
-	}()
-	require.Eventually(t, func() bool { return len(vllm.pub.(interface{ Topics() []string }).Topics()) > 0 },
-		10*time.Second, 10*time.Millisecond, "subscriber never connected")
+	g := newZMQRig(t)
+	vllm, ix, w, stats, overlap := g.vllm, g.ix, g.w, &g.stats, g.overlap
 
 	c, d := newConvo(r, 32), newConvo(r, 8)
-	overlap := func(c *convo) int {
-		var m Match
-		ix.Match(ChainKeys(nil, c.ours), &m)
-		return m.Blocks(w, 0)
-	}
 	vllm.publish(batchOf(false, func(e *msgpackEncoder) { c.stored(e, 0, 2, false) }, 1), true)
 	vllm.publish(batchOf(true, func(e *msgpackEncoder) { c.stored(e, 2, 4, true) }, 1), true)
 	require.Eventually(t, func() bool { return overlap(c) == 4 }, 10*time.Second, 5*time.Millisecond)
@@ -375,11 +381,5 @@ func TestZMQLiveBatchesDuringReplay(t *testing.T) {
 	require.Equal(t, int64(12), stats.BlocksRemoved.Load())
 	require.Equal(t, int64(32+8), ix.Held(w, 0))
 
-	cancel()
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, context.Canceled)
-	case <-time.After(10 * time.Second):
-		t.Fatal("subscriber did not stop")
-	}
+	g.stop()
 }

@@ -230,6 +230,7 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		router.NewCollector(r))
 	h := router.NewHTTPHandler(r, reg)
+	h.SetLogger(log) // decisions at debug level: --log-level debug
 	srv := &fasthttp.Server{Handler: h.Handle, Name: "dataplane-router", MaxRequestBodySize: c.maxBody,
 		ReadTimeout: time.Minute, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	go func() { errc <- srv.Serve(ln) }()
