@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"github.com/valyala/fasthttp/pprofhandler"
 
 	"dataplane/dataplane/openai"
@@ -41,14 +43,24 @@ func (s *Server) apiRoute(ctx *fasthttp.RequestCtx, path string) (string, bool) 
 		s.post(ctx, s.pretokenized)
 	case path == "/debug/route":
 		s.debugRoute(ctx)
-	case strings.HasPrefix(path, "/debug/pprof") && s.opts.Pprof:
-		pprofhandler.PprofHandler(ctx)
+	case (path == "/debug/pprof" || strings.HasPrefix(path, "/debug/pprof/")) && s.opts.Pprof:
+		switch path {
+		case "/debug/pprof": // the index's links are relative to the slashed path
+			ctx.Redirect("/debug/pprof/", http.StatusMovedPermanently)
+		case "/debug/pprof/": // fasthttp's handler answers 404 to any path ending in "/"
+			pprofIndex(ctx)
+		default:
+			pprofhandler.PprofHandler(ctx)
+		}
 		return "/debug/pprof", true
 	default:
 		return "", false
 	}
 	return path, true
 }
+
+// pprofIndex is net/http/pprof's index page, served at /debug/pprof/ as net/http serves it.
+var pprofIndex = fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index)
 
 func (s *Server) post(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx)) {
 	if !ctx.IsPost() {
@@ -119,10 +131,10 @@ func (s *Server) debugRoute(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	id := string(ctx.QueryArgs().Peek("request_id"))
-	d, ok := s.svc.routes.get(id)
+	d, ok := s.svc.routes.Get(id)
 	if !ok {
 		writeAPIError(ctx, &openai.Error{Status: http.StatusNotFound, Type: "not_found_error", Param: "request_id",
-			Message: fmt.Sprintf("no routing decision for %q among the last %d", id, len(s.svc.routes.ring))})
+			Message: fmt.Sprintf("no routing decision for %q among the last %d", id, s.svc.routes.Len())})
 		return
 	}
 	writeJSON(ctx, d)

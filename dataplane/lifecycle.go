@@ -389,7 +389,7 @@ func (r *request) route() (router.Decision, error) {
 	if err := s.router.Decide(req, &d); err != nil {
 		return d, errorf(http.StatusServiceUnavailable, "overloaded_error", "", "no LLM worker can take the request: %v", err)
 	}
-	s.routes.add(r.id, d)
+	s.routes.Add(r.id, d)
 	return d, nil
 }
 

@@ -86,7 +86,7 @@ type Service struct {
 	fetcher *fetch.Fetcher
 	uuids   *uuidTable
 	metrics *serviceMetrics
-	routes  *decisionLog
+	routes  *router.DecisionLog
 
 	mu      sync.Mutex
 	workers map[string]worker.Worker
@@ -105,7 +105,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Service{opts: opts, log: opts.Log, workers: map[string]worker.Worker{}, uuids: newUUIDTable(max(opts.MaxUUIDs, 1)),
-		routes: newDecisionLog(256), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0))}
+		routes: router.NewDecisionLog(256), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0))}
 	var err error
 	if s.tok, err = LoadTokenizer(opts.Tokenizer); err != nil {
 		return nil, err

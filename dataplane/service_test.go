@@ -82,6 +82,12 @@ type testDaemon struct {
 
 func startDaemon(t testing.TB, mutate func(*ServiceOptions)) *testDaemon {
 	t.Helper()
+	return startDaemonWith(t, mutate, nil)
+}
+
+// startDaemonWith is startDaemon with the HTTP server's options changed too (pprof, limits).
+func startDaemonWith(t testing.TB, mutate func(*ServiceOptions), mutateServer func(*Options)) *testDaemon {
+	t.Helper()
 	opts := DefaultServiceOptions()
 	opts.Features.Host.Capacity = 64 << 20
 	opts.Log = slog.New(slog.DiscardHandler)
@@ -94,6 +100,9 @@ func startDaemon(t testing.TB, mutate func(*ServiceOptions)) *testDaemon {
 	_, err = svc.AddWorker(w)
 	require.NoError(t, err)
 	srvOpts := DefaultOptions()
+	if mutateServer != nil {
+		mutateServer(&srvOpts)
+	}
 	srv := NewServer(srvOpts, slog.New(slog.DiscardHandler))
 	srv.Attach(svc)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -271,7 +280,7 @@ func TestBadRequests(t *testing.T) {
 	}
 	f("/v1/chat/completions", user(img("data:image/png;base64,@@@")), 400, "messages[0].content[0]", "base64")
 	f("/v1/chat/completions", user(img("data:image/png;base64,"+base64.StdEncoding.EncodeToString([]byte("not a png")))), 400,
-		"messages[0].content[0]", "")
+		"messages[0].content[0]", "unsupported image format")
 	f("/v1/chat/completions", user(img("http://169.254.169.254/latest/meta-data")), 400, "messages[0].content[0]", "http(s):// URLs are disabled")
 	f("/v1/chat/completions", user(img("file:///etc/passwd")), 400, "messages[0].content[0]", "file:// URLs are disabled")
 	f("/v1/chat/completions", user(map[string]any{"type": "image_url", "uuid": "never-seen"}), 400, "messages[0].content[0]", `uuid "never-seen"`)
@@ -279,7 +288,7 @@ func TestBadRequests(t *testing.T) {
 	f("/v1/chat/completions", map[string]any{"model": "gpt-9", "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 404, "model", `"gpt-9"`)
 	f("/v1/completions", map[string]any{"prompt": []int{1, 99999999}}, 400, "prompt[1]", "outside")
 	f("/v1/pretokenized", map[string]any{"token_ids": []int{1, int(d.svc.tok.ph.Image), 2}}, 400, "", "placeholder without a media item")
-	f("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "cache_policy": "forever"}, 400, "cache_policy", "")
+	f("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "cache_policy": "forever"}, 400, "cache_policy", `"forever"`)
 
 	resp, err := http.Get(d.base + "/v1/chat/completions")
 	require.NoError(t, err)
@@ -294,9 +303,9 @@ func TestBadRequests(t *testing.T) {
 	require.Equal(t, 400, resp.StatusCode)
 	require.Contains(t, string(b), "JSON")
 	f("/v1/chat/completions", user(img("data:application/pdf;base64,"+base64.StdEncoding.EncodeToString([]byte("%PDF-1.4")))), 400,
-		"messages[0].content[0]", "")
+		"messages[0].content[0]", "want JPEG or PNG")
 	f("/v1/chat/completions", user(map[string]any{"type": "input_audio", "input_audio": map[string]any{"data": base64.StdEncoding.EncodeToString([]byte("RIFFxxxx")), "format": "wav"}}),
-		400, "messages[0].content[0]", "")
+		400, "messages[0].content[0]", "audio: decode")
 
 	d.requireNoFeatureBytes(t)
 	code, _ := get(t, d.base+"/readyz")
