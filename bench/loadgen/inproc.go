@@ -13,10 +13,11 @@ import (
 )
 
 // RunInProcess replays recs open-loop against a running real-time fleet without HTTP: request
-// i goes to engine i mod N at its (scaled) trace time, and its outputs are timed on the wall
-// clock as the engines deliver them, so a fleet that cannot keep up shows it in the latencies.
-// This is how fleets too large for a socket each (10,000 engines) are measured. Only
-// Speedup, MaxInFlight, BlockSize, Vocab and Progress apply. If ctx ends first, only the error
+// i goes at its (scaled) trace time to the engine opts.Route picks (engine i mod N without
+// one), and its outputs are timed on the wall clock as the engines deliver them, so a fleet
+// that cannot keep up shows it in the latencies. This is how fleets too large for a socket
+// each (10,000 engines) are measured. Only Speedup, MaxInFlight, BlockSize, Vocab, Progress
+// and Route apply. If ctx ends first, only the error
 // is returned (the fleet may have stopped with requests in flight).
 func RunInProcess(ctx context.Context, f *mocker.Fleet, recs []synth.Record, opts Options) (*Report, error) {
 	if !(opts.Speedup > 0) {
@@ -38,7 +39,7 @@ func RunInProcess(ctx context.Context, f *mocker.Fleet, recs []synth.Record, opt
 	for i := range recs {
 		s := &rep.Samples[i]
 		eng := i % f.Len()
-		s.Index, s.Endpoint, s.PromptTokens = i, f.Engine(eng).Name(), recs[i].InputLength
+		s.Index, s.PromptTokens = i, recs[i].InputLength
 		if !s.waitTurn(ctx, start, recs[i].Timestamp-t0, opts.Speedup) {
 			continue
 		}
@@ -53,10 +54,29 @@ func RunInProcess(ctx context.Context, f *mocker.Fleet, recs []synth.Record, opt
 			continue
 		}
 		req.ID = strconv.Itoa(i)
+		route := opts.Route
+		if route != nil {
+			// Routed when it is sent, as a front end would: the router sees the fleet as it is now.
+			if eng, err = route.Pick(req.ID, req); err != nil {
+				s.Err = err.Error()
+				failed.Add(1)
+				done.Add(1)
+				continue
+			}
+		}
+		s.Endpoint = f.Engine(eng).Name()
 		s.Sent = time.Since(start)
 		var last time.Duration
 		req.Sink = func(o mocker.Output) { // on the engine's loop goroutine
 			now := time.Since(start)
+			if route != nil {
+				switch {
+				case o.Done:
+					route.Done(req.ID)
+				case o.First:
+					route.FirstToken(req.ID)
+				}
+			}
 			if o.Err == nil {
 				if s.OutputTokens == 0 {
 					s.TTFT = now - s.Sent
@@ -83,6 +103,9 @@ func RunInProcess(ctx context.Context, f *mocker.Fleet, recs []synth.Record, opt
 		l.Do(func(now time.Duration) {
 			wake, err := e.Submit(req, now)
 			if err != nil {
+				if route != nil {
+					route.Done(req.ID)
+				}
 				s.Err = err.Error()
 				failed.Add(1)
 				inFlight.Add(-1)

@@ -31,6 +31,8 @@ type Options struct {
 	MaxInFlight int           // requests in flight at once; beyond, a request is skipped; 1,024
 	Timeout     time.Duration // per request; 5m
 	Progress    io.Writer     // a progress line, rewritten in place; nil: none
+	// Route picks each request's engine in RunInProcess (nil: request i goes to engine i mod N).
+	Route Picker
 }
 
 // DefaultOptions are the defaults above (no endpoints).

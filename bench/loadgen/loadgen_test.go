@@ -12,16 +12,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"dataplane/bench/mocker"
 	"dataplane/bench/synth"
+	"dataplane/router"
 )
 
 // runFleet runs a real-time mock fleet (20× speed) until the test ends.
 func runFleet(t *testing.T, engines, loops int) (*mocker.Fleet, context.Context) {
+	return runFleetWith(t, engines, loops, nil)
+}
+
+// runFleetWith is runFleet with the engines' KV events going to pub.
+func runFleetWith(t *testing.T, engines, loops int, pub mocker.Publisher) (*mocker.Fleet, context.Context) {
 	fo := mocker.DefaultFleetOptions()
-	fo.Engines, fo.Clock, fo.Loops = engines, mocker.Clock{Speedup: 20}, loops
+	fo.Engines, fo.Clock, fo.Loops, fo.Publisher = engines, mocker.Clock{Speedup: 20}, loops, pub
 	f, err := mocker.NewFleet(fo)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -130,4 +137,75 @@ func TestInProcess(t *testing.T) {
 	sum := rep.Summarize()
 	require.Equal(t, 64, sum.Completed)
 	require.Positive(t, sum.CacheHit)
+}
+
+// Routed by the router package over the engines' own KV events (NATS, as `bench fleet --route
+// kv`): each conversation's later turns go to the engine holding its earlier turns, the
+// engines report the hits, and the slot tracker ends with nothing in flight.
+func TestInProcessKVRouted(t *testing.T) {
+	srv, err := router.StartEmbeddedNATS("127.0.0.1:0")
+	require.NoError(t, err)
+	defer srv.Shutdown()
+	pub, err := nats.Connect(srv.ClientURL())
+	require.NoError(t, err)
+	defer pub.Close()
+	f, ctx := runFleetWith(t, 8, 2, mocker.NewNATSPublisher(pub, ""))
+
+	r, err := router.New(router.DefaultOptions())
+	require.NoError(t, err)
+	for i := range f.Len() {
+		_, err := r.AddWorker(f.Engine(i).Name())
+		require.NoError(t, err)
+	}
+	sub, err := nats.Connect(srv.ClientURL())
+	require.NoError(t, err)
+	defer sub.Close()
+	var ns router.NATSStats
+	s, err := router.StartNATS(sub, router.DefaultNATSPrefix, r, &ns)
+	require.NoError(t, err)
+	defer s.Drain() //nolint:errcheck
+	kv, err := NewKVRouter(r, f)
+	require.NoError(t, err)
+
+	// 4 conversations of 6 turns, a turn of each at once every 200 ms; turn k has k+1 blocks.
+	// First turns decode 100 tokens (~30 ms here), so all four are in flight when the last is
+	// routed and land on four engines; later turns decode 2, so a turn's engine is idle again
+	// when the next comes and holds its blocks.
+	var recs []synth.Record
+	for turn := range 6 {
+		for c := range 4 {
+			ids := make([]int64, turn+1)
+			for k := range ids {
+				ids[k] = int64(100*c + k)
+			}
+			recs = append(recs, synth.Record{Timestamp: float64(200 * turn), InputLength: 512*(turn+1) - 100, OutputLength: max(2, 100*(1-turn)), HashIDs: ids})
+		}
+	}
+	opts := DefaultOptions()
+	opts.Route = kv
+	rep, err := RunInProcess(ctx, f, recs, opts)
+	require.NoError(t, err)
+	home := map[int]string{}
+	for i, smp := range rep.Samples {
+		require.Empty(t, smp.Err)
+		c := i % 4
+		if i < 4 {
+			home[c] = smp.Endpoint
+			continue
+		}
+		require.Equal(t, home[c], smp.Endpoint, "request %d: conversation %d left its engine", i, c)
+		require.Positive(t, smp.CachedTokens, "request %d", i)
+	}
+	require.Len(t, map[string]bool{home[0]: true, home[1]: true, home[2]: true, home[3]: true}, 4,
+		"first turns, in flight together, spread over the idle engines")
+	require.Eventually(t, func() bool {
+		for _, w := range r.Snapshot() {
+			if w.Requests != 0 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "every request finished in the slot tracker")
+	require.Zero(t, r.Stats().Gaps.Load())
+	require.Zero(t, ns.UnknownWorker.Load())
 }

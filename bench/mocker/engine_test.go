@@ -29,6 +29,12 @@ func (o outputs) sink(id string) func(Output) {
 // every step, until every request is done.
 func drive(t *testing.T, e *Engine, arrivals []arrival, check func()) {
 	t.Helper()
+	driveWith(t, e, arrivals, nil, check)
+}
+
+// driveWith is drive with a hook called before every step too.
+func driveWith(t *testing.T, e *Engine, arrivals []arrival, before, check func()) {
+	t.Helper()
 	now, i := time.Duration(0), 0
 	submitUpTo := func(until time.Duration) {
 		for i < len(arrivals) && arrivals[i].at <= until {
@@ -40,6 +46,9 @@ func drive(t *testing.T, e *Engine, arrivals []arrival, check func()) {
 	for steps := 0; ; steps++ {
 		require.Less(t, steps, 1_000_000, "engine does not finish")
 		submitUpTo(now)
+		if before != nil {
+			before()
+		}
 		next, busy := e.Step(now)
 		if check != nil {
 			check()
@@ -112,6 +121,40 @@ func checkBlocks(t *testing.T, e *Engine) {
 	require.Equal(t, kv.Used()-kv.Inactive(), kv.Active())
 }
 
+// checkLimits: the step just planned keeps the scheduler's limits: at most MaxSeqs running, at
+// most MaxBatchedTokens scheduled (without chunked prefill a longer prompt runs alone), and a
+// request admitted next to others left the watermark's blocks free. before is the running set
+// as the step began: the last running request is the plan's last admission when it was not
+// running then (admissions are appended after the requests already running), and that
+// admission's check bounds what is free once the plan is done, as its allocation takes no
+// more than the blocks the check counted.
+func checkLimits(t *testing.T, e *Engine, before map[*seq]bool) {
+	t.Helper()
+	o := e.opts
+	require.LessOrEqual(t, len(e.running), o.MaxSeqs, "running requests")
+	tokens := 0
+	for _, b := range e.batch {
+		tokens += b.n
+	}
+	if tokens > o.MaxBatchedTokens {
+		require.False(t, o.ChunkedPrefill, "%d tokens scheduled, budget %d", tokens, o.MaxBatchedTokens)
+		require.Len(t, e.batch, 1, "an over-budget prompt runs alone")
+	}
+	if n := len(e.running); n > 1 && !before[e.running[n-1]] {
+		watermark := int(o.Watermark * float64(o.Blocks))
+		require.GreaterOrEqual(t, e.kv.Free(), watermark, "admitted next to %d running requests under the watermark", n-1)
+	}
+}
+
+// runningSet is the running queue as a set.
+func runningSet(e *Engine) map[*seq]bool {
+	m := make(map[*seq]bool, len(e.running))
+	for _, s := range e.running {
+		m[s] = true
+	}
+	return m
+}
+
 // workload makes n requests over a few shared prefixes (so blocks are shared and reused),
 // arriving over span.
 func workload(r *rand.Rand, n, maxPrompt, maxGen int, span time.Duration, got outputs) []arrival {
@@ -139,8 +182,9 @@ func randomTokens(r *rand.Rand, n int) []uint32 {
 	return t
 }
 
-// Random workloads on caches from tight to roomy: after every step the block accounting is
-// exact; every request completes with the right outputs; at the end nothing is active.
+// Random workloads on caches from tight to roomy, watermarks from none to a quarter of the
+// cache: after every step the block accounting is exact and the scheduler's limits hold; every
+// request completes with the right outputs; at the end nothing is active.
 func TestEngineRandomWorkloads(t *testing.T) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
@@ -153,18 +197,23 @@ func TestEngineRandomWorkloads(t *testing.T) {
 		opts.MaxBatchedTokens = 64 + r.IntN(512)
 		opts.MaxSeqs = 1 + r.IntN(32)
 		opts.ChunkedPrefill = round%3 != 0
+		opts.Watermark = []float64{0, 0.01, 0.1, 0.25}[round%4]
 		e, err := NewEngine(opts, nil)
 		require.NoError(t, err)
 		got := outputs{}
 		arrivals := workload(r, 60, 300, 120, 2*time.Second, got)
-		drive(t, e, arrivals, func() { checkBlocks(t, e) })
+		var before map[*seq]bool
+		driveWith(t, e, arrivals, func() { before = runningSet(e) }, func() {
+			checkBlocks(t, e)
+			checkLimits(t, e, before)
+		})
 		checkOutputs(t, arrivals, got)
 		require.Zero(t, e.KV().Active(), "round %d", round)
 		require.True(t, e.Idle())
 		st := e.Stats()
 		require.EqualValues(t, len(arrivals), st.Finished)
-		t.Logf("round %d: %d blocks, budget %d, max seqs %d, chunked %v: %d steps, %d preemptions, %d of %d prompt tokens cached",
-			round, opts.Blocks, opts.MaxBatchedTokens, opts.MaxSeqs, opts.ChunkedPrefill, st.Steps, st.Preemptions, st.CachedTokens, st.PromptTokens)
+		t.Logf("round %d: %d blocks, watermark %v, budget %d, max seqs %d, chunked %v: %d steps, %d preemptions, %d of %d prompt tokens cached",
+			round, opts.Blocks, opts.Watermark, opts.MaxBatchedTokens, opts.MaxSeqs, opts.ChunkedPrefill, st.Steps, st.Preemptions, st.CachedTokens, st.PromptTokens)
 	}
 }
 
@@ -194,6 +243,41 @@ func TestEnginePreemptsOldestDecode(t *testing.T) {
 	// a's recompute: after the preemption it re-prefills prompt + generated tokens, so its
 	// tokens keep coming, later than b's.
 	require.Greater(t, got["a"][59].At, got["b"][59].At)
+}
+
+// A request whose prompt fits in the free blocks but would leave fewer than the watermark's
+// waits while another runs, and is admitted in the step after that one finishes; without the
+// watermark the two run together.
+func TestEngineWatermarkHoldsAdmission(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	a, b := randomTokens(r, 50*16), randomTokens(r, 40*16) // 50 and 40 blocks
+	for _, watermark := range []float64{0.2, 0} {
+		opts := DefaultOptions()
+		opts.Blocks, opts.Watermark, opts.Seed = 100, watermark, 1 // 20 blocks; a leaves 49 free
+		e, err := NewEngine(opts, nil)
+		require.NoError(t, err)
+		got := outputs{}
+		ra := &Request{ID: "a", Tokens: a, MaxTokens: 10, Sink: got.sink("a")}
+		rb := &Request{ID: "b", Tokens: b, MaxTokens: 2, Sink: got.sink("b")}
+		held := 0
+		drive(t, e, []arrival{{0, ra}, {0, rb}}, func() {
+			if len(e.waiting) == 1 && e.waiting[0].req == rb && len(e.running) == 1 {
+				held++
+				require.Less(t, e.kv.Free()-40, 20, "b would have fit above the watermark")
+			}
+		})
+		checkOutputs(t, []arrival{{0, ra}, {0, rb}}, got)
+		aDone, bFirst := got["a"][9].At, got["b"][0].At
+		if watermark == 0 {
+			require.Zero(t, held)
+			require.Less(t, bFirst, aDone, "without a watermark b runs beside a")
+			continue
+		}
+		require.Equal(t, 10, held, "b waits through a's prefill and nine decode steps")
+		n := 640.0 // b's prompt: nothing of it cached
+		prefill := time.Duration((4.209989e-7*n*n + 1.518344e-2*n + 16.50142) * float64(time.Millisecond))
+		require.Equal(t, aDone+prefill, bFirst, "b is admitted in the step after a finished")
+	}
 }
 
 // Chunked prefill splits a 1,000-token prompt into 256-token steps; the first token comes at

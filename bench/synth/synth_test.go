@@ -101,6 +101,7 @@ func TestKnobs(t *testing.T) {
 		require.Equal(t, 2*bp[i].uniqueBlocks, p[i].uniqueBlocks)
 		require.Equal(t, b[i].OutputLength, out[i].OutputLength)
 		require.Equal(t, b[i].HashIDs[:bp[i].prefixBlocks], out[i].HashIDs[:p[i].prefixBlocks])
+		require.Equal(t, b[i].Timestamp, out[i].Timestamp)
 	}
 	require.Less(t, HitRatio(out), HitRatio(b))
 	// osl_multiplier: outputs doubled, prompts identical.
@@ -109,6 +110,7 @@ func TestKnobs(t *testing.T) {
 		require.Equal(t, 2*b[i].OutputLength, out[i].OutputLength)
 		require.Equal(t, b[i].HashIDs, out[i].HashIDs)
 		require.Equal(t, b[i].InputLength, out[i].InputLength)
+		require.Equal(t, b[i].Timestamp, out[i].Timestamp)
 	}
 	// speedup_ratio: arrivals twice as dense, nothing else.
 	out, _ = run(func(k *Knobs) { k.SpeedupRatio = 2 })
@@ -124,6 +126,8 @@ func TestKnobs(t *testing.T) {
 	for i := range b {
 		require.Equal(t, bp[i].prefixBlocks, p[i].prefixBlocks)
 		require.Equal(t, b[i].InputLength, out[i].InputLength)
+		require.Equal(t, b[i].OutputLength, out[i].OutputLength)
+		require.Equal(t, b[i].Timestamp, out[i].Timestamp)
 		for _, id := range out[i].HashIDs {
 			if c, ok := owner[id]; ok {
 				require.Equal(t, c, p[i].copy, "block %d shared across tree copies", id)
@@ -132,41 +136,109 @@ func TestKnobs(t *testing.T) {
 		}
 	}
 	require.Less(t, HitRatio(out), HitRatio(b)*0.75)
-	// Media: shares near what was asked, tokens added at the start of the new part, prefixes
-	// untouched; reuse repeats ids within a conversation.
-	out, p = run(func(k *Knobs) { k.ImageShare, k.AudioShare, k.MediaReuse = 0.3, 0.1, 0.5 })
-	images, audio, repeats := 0, 0, 0
-	seen := map[string]bool{}
-	for i, r := range out {
-		require.Equal(t, bp[i].prefixBlocks, p[i].prefixBlocks)
-		require.Equal(t, b[i].HashIDs[:bp[i].prefixBlocks], r.HashIDs[:p[i].prefixBlocks])
-		added := 0
-		for _, m := range r.Media {
-			require.GreaterOrEqual(t, m.Offset, 512*p[i].prefixBlocks)
-			added += m.Tokens
-			switch m.Modality {
-			case "image":
-				images++
-				require.Equal(t, 576, m.Tokens)
-			case "audio":
-				audio++
-				require.Equal(t, 750, m.Tokens)
+	// Media: shares near what was asked, of the sizes asked, at the start of the new part;
+	// against the same knobs without media, prefixes, outputs and arrival times untouched.
+	media := func(k Knobs) ([]Record, []provenance) {
+		out, p := run(func(kk *Knobs) { *kk = k })
+		plain := k
+		plain.ImageShare, plain.VideoShare, plain.AudioShare, plain.MediaReuse = 0, 0, 0, 0
+		b, bp := run(func(kk *Knobs) { *kk = plain })
+		for i, r := range out {
+			require.Equal(t, bp[i].prefixBlocks, p[i].prefixBlocks)
+			require.Equal(t, bp[i].uniqueBlocks, p[i].uniqueBlocks)
+			require.Equal(t, b[i].HashIDs[:bp[i].prefixBlocks], r.HashIDs[:p[i].prefixBlocks])
+			added := 0
+			for _, m := range r.Media {
+				require.GreaterOrEqual(t, m.Offset, 512*p[i].prefixBlocks)
+				added += m.Tokens
+				require.Equal(t, map[string]int{"image": k.ImageTokens, "video": k.VideoTokens, "audio": k.AudioTokens}[m.Modality], m.Tokens)
 			}
-			if seen[m.ID] {
-				repeats++
+			want := b[i].InputLength
+			if len(r.Media) > 0 { // filled to its last shared block's end first
+				want = max(want, 512*p[i].prefixBlocks)
 			}
-			seen[m.ID] = true
+			require.Equal(t, want+added, r.InputLength)
+			require.Len(t, r.HashIDs, (r.InputLength+511)/512)
+			require.Equal(t, b[i].OutputLength, r.OutputLength)
+			require.Equal(t, b[i].Timestamp, r.Timestamp)
 		}
-		want := b[i].InputLength
-		if len(r.Media) > 0 { // filled to its last shared block's end first
-			want = max(want, 512*p[i].prefixBlocks)
-		}
-		require.Equal(t, want+added, r.InputLength)
-		require.Equal(t, b[i].OutputLength, r.OutputLength)
+		return out, p
 	}
-	require.InDelta(t, 0.3, float64(images)/float64(len(out)), 0.04)
-	require.InDelta(t, 0.1, float64(audio)/float64(len(out)), 0.03)
-	require.Positive(t, repeats)
+	share := func(out []Record, modality string) float64 {
+		n := 0
+		for _, r := range out {
+			for _, m := range r.Media {
+				if m.Modality == modality {
+					n++
+				}
+			}
+		}
+		return float64(n) / float64(len(out))
+	}
+	k := base
+	k.ImageShare, k.AudioShare = 0.3, 0.1
+	mixed, _ := media(k)
+	require.InDelta(t, 0.3, share(mixed, "image"), 0.04)
+	require.InDelta(t, 0.1, share(mixed, "audio"), 0.03)
+	require.Zero(t, share(mixed, "video"))
+	k = base
+	k.VideoShare = 0.2
+	video, _ := media(k)
+	require.InDelta(t, 0.2, share(video, "video"), 0.03)
+	require.Zero(t, share(video, "image")+share(video, "audio"))
+	// Sizes: the same requests get the same items, only their token counts change.
+	k = base
+	k.ImageShare, k.VideoShare, k.AudioShare = 0.3, 0.2, 0.1
+	sized, _ := media(k)
+	k.ImageTokens, k.VideoTokens, k.AudioTokens = 1000, 100, 2000
+	resized, _ := media(k)
+	for i := range sized {
+		require.Len(t, resized[i].Media, len(sized[i].Media))
+		for j, m := range sized[i].Media {
+			require.Equal(t, m.Modality, resized[i].Media[j].Modality)
+		}
+	}
+	// media_reuse 0: every item is new. Above 0, items repeat, only within their conversation
+	// (requests ending in the same core segment of the same tree copy) and modality; at 1 each
+	// conversation uses one item per modality. Nothing but the ids changes.
+	type scope struct {
+		copy, conversation int
+		modality           string
+	}
+	reuse := func(r float64) (items, repeats int, scopes map[scope]bool) {
+		k := base
+		k.ImageShare, k.VideoShare, k.AudioShare, k.PrefixRootMultiplier, k.MediaReuse = 0.3, 0.2, 0.1, 2, r
+		out, p := media(k)
+		k.MediaReuse = 0
+		fresh, _ := media(k)
+		where := map[string]scope{}
+		scopes = map[scope]bool{}
+		for i, rec := range out {
+			require.Len(t, rec.Media, len(fresh[i].Media))
+			for j, m := range rec.Media {
+				f := fresh[i].Media[j]
+				f.ID = m.ID
+				require.Equal(t, f, m, "request %d media %d: only the id changes", i, j)
+				items++
+				sc := scope{p[i].copy, int(p[i].conversation), m.Modality}
+				scopes[sc] = true
+				if w, ok := where[m.ID]; ok {
+					repeats++
+					require.Equal(t, w, sc, "media %s repeated outside its conversation", m.ID)
+				}
+				where[m.ID] = sc
+			}
+			require.Equal(t, fresh[i].HashIDs, rec.HashIDs)
+		}
+		return items, repeats, scopes
+	}
+	_, none, _ := reuse(0)
+	require.Zero(t, none, "media_reuse 0 repeats nothing")
+	_, some, _ := reuse(0.5)
+	require.Positive(t, some)
+	items, all, scopes := reuse(1)
+	require.Greater(t, all, some)
+	require.Equal(t, items-len(scopes), all, "media_reuse 1: one item per conversation and modality")
 }
 
 // A trace round-trips through WriteTrace and ReadTrace; prompts made from it share exactly the
@@ -266,4 +338,53 @@ func FuzzReadTrace(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The core tree of a small trace built by hand (4-token blocks): the unary chain 1→2 that
+// every sharing request walks becomes one segment; the chain 4→5 does not, as a request stops
+// at 4; blocks only one request used are stripped, their counts kept per request; a request
+// sharing nothing ends at the root.
+func TestBuildTreeByHand(t *testing.T) {
+	rec := func(ts float64, in int, ids ...int64) Record {
+		return Record{Timestamp: ts, InputLength: in, OutputLength: int(ts) + 1, HashIDs: ids}
+	}
+	recs := []Record{
+		rec(0, 14, 1, 2, 3, 10), // shared 1 2 3, unique 10
+		rec(2, 13, 1, 2, 3, 11),
+		rec(5, 17, 1, 2, 4, 5, 12), // shared 1 2 4 5, unique 12
+		rec(9, 16, 1, 2, 4, 5),     // nothing unique
+		rec(10, 9, 1, 2, 4),
+		rec(14, 6, 20, 21), // nothing shared
+	}
+	tree, err := BuildTree(recs, 4)
+	require.NoError(t, err)
+	require.NoError(t, tree.Check())
+	// root → {1 2} → {3}, {4} → {5}
+	require.Equal(t, []Node{
+		{Count: 6, End: 1, Children: []int32{1}, Ends: []int32{5}},
+		{Blocks: 2, Count: 5, Children: []int32{2, 3}},
+		{Blocks: 1, Count: 2, End: 2, Ends: []int32{0, 1}},
+		{Blocks: 1, Count: 3, End: 1, Children: []int32{4}, Ends: []int32{4}},
+		{Blocks: 1, Count: 2, End: 2, Ends: []int32{2, 3}},
+	}, tree.Nodes)
+	require.Equal(t, 5, tree.SharedBlocks())
+	require.Equal(t, []int{1, 1, 1, 0, 0, 2}, tree.UniqueBlocks)
+	require.Equal(t, []int{2, 1, 1, 4, 1, 2}, tree.LastTokens)
+	require.Equal(t, []int{1, 3, 6, 10, 11, 15}, tree.OutputLength)
+	require.Equal(t, []float64{2, 3, 4, 1, 4}, tree.Gaps)
+
+	// A block following two different blocks, or repeating in a request, is not a tree.
+	for _, c := range []struct {
+		recs []Record
+		want ErrNotATree
+	}{
+		{[]Record{rec(0, 8, 1, 2), rec(1, 8, 3, 2)}, ErrNotATree{Request: 1, ID: 2, Parents: [2]int64{1, 3}}},
+		{[]Record{rec(0, 4, 7), rec(1, 8, 1, 7)}, ErrNotATree{Request: 1, ID: 7, Parents: [2]int64{-1, 1}}},
+		{[]Record{rec(0, 12, 1, 2, 1)}, ErrNotATree{Request: 0, ID: 1, Parents: [2]int64{-1, 2}}},
+	} {
+		_, err := BuildTree(c.recs, 4)
+		var nt *ErrNotATree
+		require.ErrorAs(t, err, &nt)
+		require.Equal(t, c.want, *nt)
+	}
 }

@@ -25,6 +25,9 @@ import (
 	"dataplane/cuda"
 	"dataplane/dataplane/encoder"
 	"dataplane/native"
+	"dataplane/router"
+
+	"github.com/nats-io/nats.go"
 )
 
 func init() {
@@ -276,11 +279,16 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	tokenBlock := fs.Int("trace-block-size", 512, "tokens per trace hash id")
 	loadSpeedup := fs.Float64("load-speedup", 1, "send the trace this many times faster than its timestamps")
 	out := fs.String("out", "", "directory for requests.csv and the charts")
+	routing := fs.String("route", "round-robin", "round-robin (request i to engine i mod N) or kv (the router, fed by the engines' KV events; needs --kv-events nats)")
 	if err := parseBench(fs, args, stderr); err != nil {
 		return err
 	}
 	if *trace == "" {
 		fmt.Fprintln(stderr, "bench fleet: --trace is required")
+		return errUsage
+	}
+	if *routing != "round-robin" && (*routing != "kv" || c.events != "nats") {
+		fmt.Fprintf(stderr, "bench fleet: --route %q: want round-robin, or kv with --kv-events nats\n", *routing)
 		return errUsage
 	}
 	recs, err := readTrace(*trace, *limit, *tokenBlock)
@@ -301,6 +309,14 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	o := loadgen.DefaultOptions()
 	o.BlockSize, o.Speedup, o.Progress = *tokenBlock, *loadSpeedup, terminal(stderr)
 	o.MaxInFlight = 1 << 30
+	var kv *fleetRouter
+	if *routing == "kv" {
+		if kv, err = newFleetRouter(c, fleet); err != nil {
+			return err
+		}
+		defer kv.close()
+		o.Route = kv
+	}
 	rep, err := loadgen.RunInProcess(ctx, fleet, recs, o)
 	if err != nil {
 		return err
@@ -321,7 +337,77 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		c.fleet.Clock.Speedup, len(recs), rep.Duration.Seconds(), offered)
 	fmt.Fprint(stdout, sum.String())
 	fmt.Fprintf(stdout, "loop entries %d (engine steps and timers); lag behind schedule: mean %v, worst %v\n", entries, mean, worst)
+	if kv != nil {
+		kv.report(stdout)
+	}
 	return writeReport(rep, *out, "fleet")
+}
+
+// fleetRouter routes a bench fleet's requests as serve does: the router package over an index
+// fed by every engine's KV events, which it reads from NATS like any subscriber. It times each
+// decision.
+type fleetRouter struct {
+	*loadgen.KVRouter
+	r      *router.Router
+	nc     *nats.Conn
+	sub    *nats.Subscription
+	stats  router.NATSStats
+	tookMS []float64 // per decision; Pick is called from one goroutine
+}
+
+func (k *fleetRouter) Pick(id string, r *mocker.Request) (int, error) {
+	t0 := time.Now()
+	eng, err := k.KVRouter.Pick(id, r)
+	k.tookMS = append(k.tookMS, float64(time.Since(t0).Nanoseconds())/1e6)
+	return eng, err
+}
+
+func newFleetRouter(c *mockConfig, fleet *mocker.Fleet) (*fleetRouter, error) {
+	opts := router.DefaultOptions()
+	opts.BlockSize = c.fleet.Engine.BlockSize
+	opts.Index.MaxWorkers = fleet.Len()
+	opts.Capacity = int64(c.fleet.Engine.Blocks) // an engine holds no more than its cache
+	r, err := router.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	for i := range fleet.Len() {
+		if _, err := r.AddWorker(fleet.Engine(i).Name()); err != nil {
+			return nil, err
+		}
+	}
+	k := &fleetRouter{r: r}
+	if k.KVRouter, err = loadgen.NewKVRouter(r, fleet); err != nil {
+		return nil, err
+	}
+	if k.nc, err = nats.Connect(c.natsClient); err != nil {
+		return nil, fmt.Errorf("nats %s: %w", c.natsClient, err)
+	}
+	if k.sub, err = router.StartNATS(k.nc, c.natsPrefix, r, &k.stats); err != nil {
+		k.nc.Close()
+		return nil, err
+	}
+	// A fleet publishes in bursts; a slow-consumer drop would show as gaps, not go unseen.
+	if err := k.sub.SetPendingLimits(1<<20, 1<<30); err != nil {
+		k.close()
+		return nil, err
+	}
+	return k, nil
+}
+
+func (k *fleetRouter) close() {
+	_ = k.sub.Drain()
+	k.nc.Close()
+}
+
+func (k *fleetRouter) report(w io.Writer) {
+	st := k.r.Stats()
+	dropped, _ := k.sub.Dropped()
+	took := synth.Summarize(k.tookMS)
+	fmt.Fprintf(w, "router: %d decisions over %d workers (p50 %.3f ms, p99 %.3f ms each); index %d blocks\n",
+		k.r.Decisions(), len(k.r.Workers()), took.P50, took.P99, k.r.Index().Blocks())
+	fmt.Fprintf(w, "kv events: %d batches, %d blocks stored, %d removed, %d gaps, %d unknown parents; nats dropped %d\n",
+		st.Batches.Load(), st.BlocksStored.Load(), st.BlocksRemoved.Load(), st.Gaps.Load(), st.UnknownParent.Load(), dropped)
 }
 
 func benchSweep(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -73,6 +73,16 @@ func TestBenchLoadAndFleet(t *testing.T) {
 	require.Contains(t, out, "requests 40: 40 completed, 0 failed")
 	m := regexp.MustCompile(`lag behind schedule: mean (\S+), worst`).FindStringSubmatch(out)
 	require.NotNil(t, m, out)
+
+	// Routed by the router over the engines' KV events from an embedded NATS server.
+	out = runBench(t, "fleet", "--engines", "100", "--trace", trace, "--speedup", "20", "--load-speedup", "5", "--stats-every", "0",
+		"--kv-events", "nats", "--nats-listen", "127.0.0.1:0", "--route", "kv")
+	require.Contains(t, out, "requests 40: 40 completed, 0 failed")
+	require.Contains(t, out, "router: 40 decisions over 100 workers")
+	m = regexp.MustCompile(`kv events: (\d+) batches, (\d+) blocks stored, \d+ removed, 0 gaps, 0 unknown parents; nats dropped 0`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	require.NotEqual(t, "0", m[2], "the router saw the engines' blocks")
+	require.Contains(t, runBenchErr(t, "fleet", "--trace", trace, "--route", "kv"), "--route \"kv\": want round-robin, or kv with --kv-events nats")
 }
 
 // `bench sweep` on the tiny CLIP fixture checkpoint, host and through the CPU plugin when

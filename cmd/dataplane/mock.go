@@ -36,6 +36,7 @@ type mockConfig struct {
 	natsURL    string
 	natsListen string
 	natsPrefix string
+	natsClient string // the NATS URL buildFleet connected to (the embedded server's when "embedded")
 	profile    string
 	statsEvery time.Duration
 	logLevel   slog.Level
@@ -207,6 +208,7 @@ func buildFleet(c *mockConfig, log *slog.Logger) (*mocker.Fleet, func(), error) 
 			closers = append(closers, srv.Shutdown)
 			url = srv.ClientURL()
 		}
+		c.natsClient = url
 		nc, err := nats.Connect(url, nats.MaxReconnects(-1))
 		if err != nil {
 			cleanup()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -15,26 +16,35 @@ import (
 	"dataplane/router"
 )
 
+// mockEngine is one engine as `dataplane mock`'s GET /engines lists it.
+type mockEngine struct {
+	Name   string `json:"name"`
+	Events string `json:"kv_events"`
+	Replay string `json:"kv_replay"`
+}
+
+// startMockEngines runs `dataplane mock` with n engines, ZMQ KV events on loopback and engine
+// time sped up, and returns its HTTP address and its engines.
+func startMockEngines(t *testing.T, n int, speedup float64) (addr string, engines []mockEngine, stop func()) {
+	t.Helper()
+	m, stop := startCommand(t, []string{"mock", "--engines", fmt.Sprint(n), "--listen", "127.0.0.1:0", "--kv-events", "zmq",
+		"--zmq-port", "0", "--speedup", fmt.Sprint(speedup)}, regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
+	addr = m[0][1]
+	resp, err := http.Get("http://" + addr + "/engines")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&engines))
+	require.Len(t, engines, n)
+	return addr, engines, stop
+}
+
 // `dataplane mock` with ZMQ KV events on loopback: /engines lists each engine's endpoints; a
 // completion on engine 1 streams tokens, and the router's real subscriber, fed from engine 1's
 // endpoints, then holds the prompt's blocks.
 func TestMockCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m, stop := startCommand(t, []string{"mock", "--engines", "2", "--listen", "127.0.0.1:0", "--kv-events", "zmq", "--zmq-port", "0", "--speedup", "10"},
-		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
-	addr := m[0][1]
-
-	resp, err := http.Get("http://" + addr + "/engines")
-	require.NoError(t, err)
-	var engines []struct {
-		Name   string `json:"name"`
-		Events string `json:"kv_events"`
-		Replay string `json:"kv_replay"`
-	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&engines))
-	resp.Body.Close()
-	require.Len(t, engines, 2)
+	addr, engines, stop := startMockEngines(t, 2, 10)
 	require.Equal(t, "mock-1", engines[1].Name)
 	require.True(t, strings.HasPrefix(engines[1].Events, "tcp://127.0.0.1:"))
 
@@ -52,7 +62,7 @@ func TestMockCommand(t *testing.T) {
 		prompt[i] = "7"
 	}
 	body := `{"prompt": [` + strings.Join(prompt, ",") + `], "max_tokens": 3, "stream": true}`
-	resp, err = http.Post("http://"+addr+"/engines/1/v1/completions", "application/json", strings.NewReader(body))
+	resp, err := http.Post("http://"+addr+"/engines/1/v1/completions", "application/json", strings.NewReader(body))
 	require.NoError(t, err)
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,18 +16,7 @@ import (
 // serve's router over ZMQ, so the same prompt again goes to the engine that holds it, counted
 // as cached there, and the engine confirms the hit in its usage.
 func TestServeWithHTTPEnginesAndKVEvents(t *testing.T) {
-	m, _ := startCommand(t, []string{"mock", "--engines", "2", "--listen", "127.0.0.1:0", "--kv-events", "zmq", "--zmq-port", "0", "--speedup", "20"},
-		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
-	addr := m[0][1]
-	resp, err := http.Get("http://" + addr + "/engines")
-	require.NoError(t, err)
-	var engines []struct {
-		Events string `json:"kv_events"`
-		Replay string `json:"kv_replay"`
-	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&engines))
-	resp.Body.Close()
-	require.Len(t, engines, 2)
+	addr, engines, _ := startMockEngines(t, 2, 20)
 	urls := []string{fmt.Sprintf("http://%s/engines/0", addr), fmt.Sprintf("http://%s/engines/1", addr)}
 
 	sm, _ := startCommand(t, []string{"serve", "--listen", "127.0.0.1:0", "--log-level", "info", "--no-audio",
