@@ -66,18 +66,32 @@ var exifMagic = []byte("Exif\x00\x00")
 // jpegOrientation finds the first APP1 "Exif" segment before the scan data and reads its
 // orientation; 1 when there is none.
 func jpegOrientation(data []byte) int {
+	o := 1
+	jpegSegments(data, func(marker byte, seg []byte) bool {
+		if marker == 0xe1 && bytes.HasPrefix(seg, exifMagic) {
+			o = exifOrientation(seg[len(exifMagic):])
+			return false
+		}
+		return true
+	})
+	return o
+}
+
+// jpegSegments calls fn with each marker segment's payload before the scan, until fn returns
+// false or the data stops making sense.
+func jpegSegments(data []byte, fn func(marker byte, seg []byte) bool) {
 	i := 2 // after SOI
 	for i+4 <= len(data) {
 		if data[i] != 0xff {
-			return 1
+			return
 		}
 		marker := data[i+1]
 		if marker == 0xff { // fill byte
 			i++
 			continue
 		}
-		if marker == 0xda || marker == 0xd9 { // start of scan, end of image: no EXIF past here
-			return 1
+		if marker == 0xda || marker == 0xd9 { // start of scan, end of image: no headers past here
+			return
 		}
 		if marker == 0x01 || (marker >= 0xd0 && marker <= 0xd7) { // no length
 			i += 2
@@ -85,15 +99,13 @@ func jpegOrientation(data []byte) int {
 		}
 		n := int(binary.BigEndian.Uint16(data[i+2:]))
 		if n < 2 || i+2+n > len(data) {
-			return 1
+			return
 		}
-		seg := data[i+4 : i+2+n]
-		if marker == 0xe1 && bytes.HasPrefix(seg, exifMagic) {
-			return exifOrientation(seg[len(exifMagic):])
+		if !fn(marker, data[i+4:i+2+n]) {
+			return
 		}
 		i += 2 + n
 	}
-	return 1
 }
 
 // pngOrientation reads the orientation from the eXIf chunk; 1 when none. Like Pillow it looks

@@ -6,6 +6,7 @@ package picture
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"image"
@@ -95,6 +96,13 @@ func DecodeConfig(data []byte) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	// A zero side is refused from the header itself: the decoders would report it only as a
+	// malformed file, and no decoder should see such a header.
+	if w, h, ok := headerSize(data, f); ok {
+		if err := checkSize(f, w, h); err != nil {
+			return Info{}, err
+		}
+	}
 	info := Info{Format: f, Orientation: 1}
 	switch f {
 	case JPEG:
@@ -112,14 +120,40 @@ func DecodeConfig(data []byte) (Info, error) {
 		info.StoredW, info.StoredH = c.Width, c.Height
 		info.Orientation = pngOrientation(data)
 	}
-	if info.StoredW < 1 || info.StoredH < 1 || info.StoredW > native.MaxImageSide || info.StoredH > native.MaxImageSide {
-		return Info{}, errorf(ErrDimensions, "header", string(f), "%dx%d (each side 1..%d)", info.StoredW, info.StoredH, native.MaxImageSide)
+	if err := checkSize(f, info.StoredW, info.StoredH); err != nil {
+		return Info{}, err
 	}
 	info.W, info.H = info.StoredW, info.StoredH
 	if info.Orientation >= 5 {
 		info.W, info.H = info.H, info.W
 	}
 	return info, nil
+}
+
+func checkSize(f Format, w, h int) error {
+	if w < 1 || h < 1 || w > native.MaxImageSide || h > native.MaxImageSide {
+		return errorf(ErrDimensions, "header", string(f), "%dx%d (each side 1..%d)", w, h, native.MaxImageSide)
+	}
+	return nil
+}
+
+// headerSize reads the stored size straight from the PNG IHDR (first chunk, fixed offset) or
+// the first JPEG frame header (SOF0..SOF15, not DHT, JPG or DAC); ok is false when not found.
+func headerSize(data []byte, f Format) (w, h int, ok bool) {
+	if f == PNG {
+		if len(data) < 24 || string(data[12:16]) != "IHDR" {
+			return 0, 0, false
+		}
+		return int(binary.BigEndian.Uint32(data[16:])), int(binary.BigEndian.Uint32(data[20:])), true
+	}
+	jpegSegments(data, func(marker byte, seg []byte) bool {
+		if marker < 0xc0 || marker > 0xcf || marker == 0xc4 || marker == 0xc8 || marker == 0xcc || len(seg) < 5 {
+			return true
+		}
+		h, w, ok = int(binary.BigEndian.Uint16(seg[1:])), int(binary.BigEndian.Uint16(seg[3:])), true
+		return false
+	})
+	return w, h, ok
 }
 
 // Decode decodes a JPEG or PNG to RGB, upright unless opts.IgnoreOrientation. The pixel limit is

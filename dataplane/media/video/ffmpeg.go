@@ -12,6 +12,7 @@ import (
 
 	"dataplane/dataplane/media/ffmpeg"
 	"dataplane/dataplane/media/picture"
+	"dataplane/native"
 )
 
 // probe asks ffprobe for the first video stream: size (as displayed: a 90-degree rotation in
@@ -35,6 +36,13 @@ func probe(ctx context.Context, data []byte, opts *Options) (Info, error) {
 	if err != nil {
 		return Info{}, ffmpegError("probe", err)
 	}
+	return parseProbe(raw)
+}
+
+// parseProbe reads ffprobe's JSON (the entries probe asks for). Whatever it says, the result is
+// an Info that is safe to compute with (sides within native.MaxImageSide, so their product
+// cannot overflow past the pixel limit; finite positive rate and duration) or ErrCorrupt.
+func parseProbe(raw []byte) (Info, error) {
 	var p struct {
 		Streams []struct {
 			Width, Height int
@@ -65,9 +73,9 @@ func probe(ctx context.Context, data []byte, opts *Options) (Info, error) {
 		info.FPS = rate(s.RFrameRate)
 	}
 	info.Frames, _ = strconv.Atoi(s.Packets)
-	info.Duration, _ = strconv.ParseFloat(s.Duration, 64)
-	if info.Duration <= 0 {
-		info.Duration, _ = strconv.ParseFloat(p.Format.Duration, 64)
+	info.Duration = positive(s.Duration)
+	if info.Duration == 0 {
+		info.Duration = positive(p.Format.Duration)
 	}
 	rot, _ := strconv.ParseFloat(s.Tags.Rotate, 64)
 	for _, sd := range s.SideData {
@@ -76,13 +84,23 @@ func probe(ctx context.Context, data []byte, opts *Options) (Info, error) {
 	if r := math.Mod(math.Abs(rot), 180); r == 90 {
 		info.W, info.H = info.H, info.W
 	}
-	if info.W < 1 || info.H < 1 || info.Frames < 1 || !(info.FPS > 0) {
+	if info.W < 1 || info.H < 1 || info.W > native.MaxImageSide || info.H > native.MaxImageSide || info.Frames < 1 ||
+		!(info.FPS > 0) || math.IsInf(info.FPS, 0) {
 		return Info{}, errorf(ErrCorrupt, "probe", "stream says %dx%d, %d frames at %g fps", info.W, info.H, info.Frames, info.FPS)
 	}
-	if info.Duration <= 0 {
+	if info.Duration == 0 {
 		info.Duration = float64(info.Frames) / info.FPS
 	}
 	return info, nil
+}
+
+// positive parses a duration; 0 when missing, not a number, infinite or not above zero.
+func positive(s string) float64 {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(v > 0) || math.IsInf(v, 0) {
+		return 0
+	}
+	return v
 }
 
 // rate parses "num/den" (or a plain number).
@@ -122,23 +140,33 @@ func extract(ctx context.Context, data []byte, opts *Options, idx []int, w, h in
 		return []string{"-nostdin", "-hide_banner", "-loglevel", "error", "-i", path, "-map", "0:v:0", "-vf", filter,
 			"-fps_mode", "passthrough", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"}
 	}, func(out io.Reader) error {
-		for range idx {
-			img := &picture.Image{W: w, H: h, Pix: make([]byte, 3*w*h)}
-			if _, err := io.ReadFull(out, img.Pix); err != nil {
-				if errors.Is(err, io.EOF) {
-					return nil // fewer decodable frames than packets: keep what came
-				}
-				return fmt.Errorf("frame %d of %d: %w", len(frames), len(idx), err)
-			}
-			frames = append(frames, img)
-		}
-		return nil
+		var err error
+		frames, err = readFrames(out, len(idx), w, h)
+		return err
 	})
 	if err != nil {
 		return nil, ffmpegError("decode", err)
 	}
 	if len(frames) == 0 {
 		return nil, errorf(ErrCorrupt, "decode", "ffmpeg decoded none of the %d frames chosen", len(idx))
+	}
+	return frames, nil
+}
+
+// readFrames reads up to n raw RGB frames of w x h from r, one at a time and nothing past
+// them. Fewer whole frames than n (ffmpeg decoded fewer frames than there were packets) are
+// kept; a partial frame is an error.
+func readFrames(r io.Reader, n, w, h int) ([]*picture.Image, error) {
+	var frames []*picture.Image
+	for range n {
+		img := &picture.Image{W: w, H: h, Pix: make([]byte, 3*w*h)}
+		if _, err := io.ReadFull(r, img.Pix); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, fmt.Errorf("frame %d of %d: %w", len(frames), n, err)
+		}
+		frames = append(frames, img)
 	}
 	return frames, nil
 }

@@ -1,0 +1,164 @@
+package media
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/zeebo/blake3"
+
+	"dataplane/dataplane/media/picture"
+	"dataplane/dataplane/media/video"
+	"dataplane/native"
+)
+
+func ffmpeg(t testing.TB, args ...string) {
+	t.Helper()
+	out, err := exec.Command("ffmpeg", append([]string{"-nostdin", "-hide_banner", "-loglevel", "error", "-y"}, args...)...).CombinedOutput()
+	require.NoError(t, err, "ffmpeg %v: %s", args, out)
+}
+
+// clip is a lossless (FFV1 RGB) video of an ffmpeg test source, 96x64, 10 fps, 4 s, and every
+// frame of it as a PNG, in order: the same frames as a container and as a picture list.
+func clip(t testing.TB, src string) (mkv []byte, pngs [][]byte) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "v.mkv")
+	ffmpeg(t, "-f", "lavfi", "-i", src+"=size=96x64:rate=10:duration=4", "-c:v", "ffv1", "-pix_fmt", "bgr0", path)
+	ffmpeg(t, "-i", path, filepath.Join(dir, "f%03d.png"))
+	mkv, err := os.ReadFile(path)
+	require.NoError(t, err)
+	files, err := filepath.Glob(filepath.Join(dir, "f*.png"))
+	require.NoError(t, err)
+	slices.Sort(files)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		pngs = append(pngs, b)
+	}
+	require.Len(t, pngs, 40)
+	return mkv, pngs
+}
+
+// The video key is over the chosen frames' pixels, not the container: a video and the list of
+// its frames as pictures, sampled alike, give the same key and tensors; other frames, another
+// order or other content give other keys.
+func TestVideoEndToEnd(t *testing.T) {
+	ctx := context.Background()
+	clip224, err := Lookup("clip-224")
+	require.NoError(t, err)
+	mkv, pngs := clip(t, "testsrc2")
+	opts := Options{DType: native.BF16, Video: video.Options{Sampling: video.Uniform, Frames: 8}}
+
+	a, err := Video(ctx, mkv, nil, clip224, opts)
+	require.NoError(t, err)
+	require.Equal(t, 8*256, a.Tokens)
+	require.Len(t, a.Tensors, 1)
+	require.Equal(t, "pixel_values_videos", a.Tensors[0].Name)
+	require.Equal(t, "BF16", a.Tensors[0].DType)
+	require.Equal(t, []int{8, 3, 224, 224}, a.Tensors[0].Shape)
+	require.Len(t, a.Tensors[0].Data, 8*3*224*224*2)
+	require.Contains(t, a.Detail, "96x64, 40 frames at 10 fps; took 8 (uniform): [0 5 11 16 22 27 33 39]")
+
+	b, err := Video(ctx, nil, pngs, clip224, opts)
+	require.NoError(t, err)
+	require.Equal(t, a.Key, b.Key)
+	require.Equal(t, a.Tokens, b.Tokens)
+	require.Equal(t, a.Tensors[0].Data, b.Tensors[0].Data)
+
+	// The key is the documented layout over the chosen frames, and each frame's slice of the
+	// tensor is that picture preprocessed alone.
+	var frames []*picture.Image
+	for _, i := range []int{0, 5, 11, 16, 22, 27, 33, 39} {
+		img, _, err := picture.Decode(pngs[i], picture.Options{})
+		require.NoError(t, err)
+		frames = append(frames, img)
+	}
+	h := blake3.New()
+	hdr := []byte{1, 2, 0, 3}
+	for _, v := range []int{8, 64, 96} {
+		hdr = binary.LittleEndian.AppendUint32(hdr, uint32(v))
+	}
+	h.Write(hdr)
+	for _, f := range frames {
+		h.Write(f.Pix)
+	}
+	var want Key
+	h.Sum(want[:0])
+	require.Equal(t, want, a.Key)
+	one, err := Image(pngs[22], clip224, Options{DType: native.BF16})
+	require.NoError(t, err)
+	n := len(one.Tensors[0].Data)
+	require.Equal(t, one.Tensors[0].Data, a.Tensors[0].Data[4*n:5*n])
+	require.NotEqual(t, one.Key, VideoKey(frames[4:5]), "a one-frame video is not the picture")
+
+	other := func(name string, k Key) {
+		t.Helper()
+		require.NotEqual(t, a.Key, k, name)
+	}
+	c, err := Video(ctx, mkv, nil, clip224, Options{Video: video.Options{Sampling: video.Uniform, Frames: 7}})
+	require.NoError(t, err)
+	other("7 frames", c.Key)
+	reversed := slices.Clone(pngs)
+	slices.Reverse(reversed)
+	c, err = Video(ctx, nil, reversed, clip224, opts)
+	require.NoError(t, err)
+	other("frames reversed", c.Key)
+	mkv2, _ := clip(t, "testsrc")
+	c, err = Video(ctx, mkv2, nil, clip224, opts)
+	require.NoError(t, err)
+	other("other content", c.Key)
+	// The same bytes in other shapes.
+	f := &picture.Image{W: 4, H: 2, Pix: bytes.Repeat([]byte{7, 8, 9}, 8)}
+	tall := &picture.Image{W: 2, H: 4, Pix: f.Pix}
+	half := &picture.Image{W: 4, H: 1, Pix: f.Pix[:12]}
+	rest := &picture.Image{W: 4, H: 1, Pix: f.Pix[12:]}
+	keys := []Key{VideoKey([]*picture.Image{f}), VideoKey([]*picture.Image{tall}), VideoKey([]*picture.Image{half, rest}),
+		VideoKey([]*picture.Image{f, f}), ImageKey(f)}
+	for i := range keys {
+		for j := range i {
+			require.NotEqual(t, keys[i], keys[j], "%d vs %d", i, j)
+		}
+	}
+}
+
+// Qwen2-VL takes frames in temporal patches of two: the count is rounded down to a multiple,
+// and the tokens are per patch.
+func TestVideoQwen2VL(t *testing.T) {
+	ctx := context.Background()
+	q, err := Lookup("qwen2-vl")
+	require.NoError(t, err)
+	mkv, pngs := clip(t, "testsrc2")
+	a, err := Video(ctx, mkv, nil, q, Options{Video: video.Options{Frames: 5}})
+	require.NoError(t, err)
+	// 4 frames (5 floored to 2s); 96x64 -> smart_resize 84x56 -> 6x4 patches of 14, merged 2x2.
+	require.Equal(t, 2*(4/2)*(6/2), a.Tokens)
+	require.Equal(t, "pixel_values_videos", a.Tensors[0].Name)
+	require.Equal(t, []int{2 * 4 * 6, 3 * 2 * 14 * 14}, a.Tensors[0].Shape)
+	require.Equal(t, "video_grid_thw", a.Tensors[1].Name)
+	grid := a.Tensors[1].Data
+	require.Equal(t, []uint64{2, 4, 6}, []uint64{binary.LittleEndian.Uint64(grid), binary.LittleEndian.Uint64(grid[8:]), binary.LittleEndian.Uint64(grid[16:])})
+	b, err := Video(ctx, nil, pngs, q, Options{Video: video.Options{Frames: 5}})
+	require.NoError(t, err)
+	require.Equal(t, a.Key, b.Key)
+	require.Equal(t, a.Tensors[0].Data, b.Tensors[0].Data)
+}
+
+func TestVideoBadInputs(t *testing.T) {
+	ctx := context.Background()
+	clip224, _ := Lookup("clip-224")
+	whisper, _ := Lookup("whisper-80")
+	_, err := Video(ctx, []byte("x"), nil, whisper, Options{})
+	require.ErrorContains(t, err, "not for video")
+	_, err = Video(ctx, bytes.Repeat([]byte("not a video "), 50), nil, clip224, Options{})
+	require.ErrorIs(t, err, video.ErrCorrupt)
+	_, err = Video(ctx, nil, nil, clip224, Options{})
+	require.ErrorIs(t, err, video.ErrEmpty)
+	_, err = Video(ctx, nil, [][]byte{{0x89, 'P', 'N', 'G'}}, clip224, Options{})
+	require.ErrorIs(t, err, video.ErrFrame)
+}
