@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -173,7 +174,7 @@ func runRequest(s *Store, r *rand.Rand, id string, outcomes *[4]atomic.Int64) er
 			normal(err)
 			return nil
 		}
-		if err := checkRecordBytes(rec, &reading); err != nil {
+		if err := checkRecordBytes(req, rec, &reading); err != nil {
 			if normal(err) {
 				return nil
 			}
@@ -208,12 +209,18 @@ func runRequest(s *Store, r *rand.Rand, id string, outcomes *[4]atomic.Int64) er
 	return nil
 }
 
-// checkRecordBytes reads a held record's bytes (under the request's reading lock).
-func checkRecordBytes(rec *Record, reading *sync.RWMutex) error {
+// checkRecordBytes reads a held record's bytes (under the request's reading lock). A request
+// the disconnect cancelled holds nothing any more: the record may live on, cached or held by
+// another request, but its memory is no longer this request's to read (eviction may hand it
+// to another encoder at any moment), so it is not read.
+func checkRecordBytes(req *Request, rec *Record, reading *sync.RWMutex) error {
 	reading.RLock()
 	defer reading.RUnlock()
+	if !slices.Contains(req.Records(), rec) {
+		return fmt.Errorf("request %q no longer holds record %d: %w", req.ID(), rec.ID(), ErrIllegalTransition)
+	}
 	v, err := rec.Host()
-	if err != nil { // discarded: only after our own cancel
+	if err != nil {
 		return err
 	}
 	for i, c := range v.Bytes() {

@@ -2,13 +2,22 @@ package features
 
 import (
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
+// newRand returns a generator with a fresh seed, or the one in FEATURES_SEED (as logged by a
+// failing run) to reproduce it.
 func newRand(t testing.TB) *rand.Rand {
 	seed := rand.Uint64()
+	if v := os.Getenv("FEATURES_SEED"); v != "" {
+		var err error
+		seed, err = strconv.ParseUint(v, 0, 64)
+		require.NoError(t, err, "FEATURES_SEED")
+	}
 	t.Logf("random seed %#x", seed)
 	return rand.New(rand.NewPCG(seed, 4))
 }

@@ -153,7 +153,7 @@ func BenchmarkCarverTrace(b *testing.B) {
 }
 
 // BenchmarkPoolAlloc times an allocation and its release from the host pool (the store's real
-// path: lock, buddy carve, accounting) beside make([]byte) of the same size in the same loop,
+// path: lock, extent carve, accounting) beside make([]byte) of the same size in the same loop,
 // and reports x-make: make's time over the pool's (> 1: the pool is faster). make also zeroes
 // the bytes and leaves them to the garbage collector; the pool hands out memory as it was.
 func BenchmarkPoolAlloc(b *testing.B) {

@@ -152,7 +152,10 @@ func maxAbsAtMost(t *testing.T, want, got []float32, tol float64, what string) {
 }
 
 // The variants agree with each other on random signals of random lengths, including lengths
-// whose frames do not fill the last group of 8 and signals shorter than a window.
+// whose frames do not fill the last group of 8 and signals shorter than a window. They round
+// differently (FMA or not, summation order), and the log of a quiet bin magnifies that: over
+// 1,200 signals the worst difference was 4.1e-5 and 2 were above 2e-5, so the bound is the
+// 1e-4 the fixtures from openai/whisper are held to.
 func TestLogMelVariantsAgree(t *testing.T) {
 	r := newRand(t)
 	for range 20 {
@@ -173,7 +176,7 @@ func TestLogMelVariantsAgree(t *testing.T) {
 					ref = dst
 					continue
 				}
-				maxAbsAtMost(t, ref, dst, 2e-5, fmt.Sprintf("n=%d zeros=%d %v threads=%d", n, zeros, isa, threads))
+				maxAbsAtMost(t, ref, dst, 1e-4, fmt.Sprintf("n=%d zeros=%d %v threads=%d", n, zeros, isa, threads))
 			}
 		})
 	}
