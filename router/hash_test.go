@@ -13,9 +13,19 @@ import (
 )
 
 func newRand(t testing.TB) *rand.Rand {
+	return rand.New(rand.NewPCG(testSeed(t), 11))
+}
+
+// testSeed is a fresh random seed, or ROUTER_SEED (as a failing run logged it) to reproduce one.
+func testSeed(t testing.TB) uint64 {
 	seed := rand.Uint64()
+	if v := os.Getenv("ROUTER_SEED"); v != "" {
+		var err error
+		seed, err = strconv.ParseUint(v, 0, 64)
+		require.NoError(t, err, "ROUTER_SEED")
+	}
 	t.Logf("random seed %#x", seed)
-	return rand.New(rand.NewPCG(seed, 11))
+	return seed
 }
 
 func readJSON(t testing.TB, name string, v any) {
