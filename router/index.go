@@ -184,7 +184,7 @@ func (ix *Index) eachBlock(w Worker, tier int, keys []uint64, op func(s *shard, 
 	word, bit := bitOf(int(w))
 	word += tier * ix.words
 	changed := 0
-	var addrs [4 * matchRun]uintptr // room for the worst case: no key continues another
+	var addrs [2 * matchRun]uintptr // room for the worst case (prefetchSlots)
 	for i, h := range keys {
 		if i%matchRun == 0 {
 			ix.prefetchSlots(keys[i:min(i+matchRun, len(keys))], addrs[:0])
@@ -341,51 +341,67 @@ func (m *Match) record(t, wd int, gone uint64, n int) {
 }
 
 // match1 is Match for one mask word and one tier. Blocks are looked up in runs of matchRun; the
-// home slots of the next run are prefetched before the current run is probed, so the cache
-// misses of a long prompt overlap with each other and with the probing.
+// slots of the next run are prefetched before the current run is probed, so the cache misses
+// of a long prompt overlap with each other and with the probing. A group's blocks (keys.go)
+// usually sit in consecutive slots: after probing for a block, the lookup reads on from the
+// slot after it for as long as it finds the next key there, under one version check. A key
+// found in a shard's table belongs to that shard, so those blocks need no shard lookup.
 func (ix *Index) match1(keys []uint64, m *Match) {
 	active := ^uint64(0)
-	hint := slotHint{slot: -1}
+	var held [matchRun]uint64
 	ix.prefetchRun(keys[:min(matchRun, len(keys))], m)
 	for base := 0; base < len(keys); base += matchRun {
 		run := keys[base:min(base+matchRun, len(keys))]
 		if next := base + matchRun; next < len(keys) {
 			ix.prefetchRun(keys[next:min(next+matchRun, len(keys))], m)
 		}
-		for j, h := range run {
-			key := keyOf(h)
+		for j := 0; j < len(run); {
+			key := keyOf(run[j])
 			s := ix.shardOf(key)
-			// The read1 fast path, inlined: one version check around one probe.
 			v := s.version.Load()
 			t := s.tab.Load()
-			var held uint64
-			i := key & t.mask
-			if n := hint.next(t, key); n >= 0 && t.slots[n*2].Load() == key {
-				i = uint64(n)
-			}
-			hint = slotHint{t, -1}
-			for ; ; i = (i + 1) & t.mask {
-				k := t.slots[i*2].Load()
+			slots, mask := t.slots, t.mask
+			// Probe for the first block, then read on while the next slot holds the next key,
+			// until a block leaves no worker (the lookup ends there).
+			var held0 uint64
+			i := key & mask
+			for ; ; i = (i + 1) & mask {
+				k := slots[i*2].Load()
 				if k == key {
-					held = t.slots[i*2+1].Load()
-					hint.slot = int(i)
+					held0 = slots[i*2+1].Load()
 					break
 				}
 				if k == 0 {
 					break
 				}
 			}
+			held[0] = held0
+			n, act := 1, active&held0
+			for ; act != 0 && j+n < len(run); n++ {
+				i = (i + 1) & mask
+				if slots[i*2].Load() != keyOf(run[j+n]) {
+					break
+				}
+				h := slots[i*2+1].Load()
+				held[n] = h
+				act &= h
+			}
 			if v&1 != 0 || s.version.Load() != v {
-				held = s.read1(key) // a writer moved keys meanwhile: retry properly
+				for k := range n { // a writer moved keys meanwhile: read again properly
+					held[k] = s.read1(keyOf(run[j+k]))
+				}
 			}
-			na := active & held
-			if i := base + j; i > 0 {
-				m.record(0, 0, active&^na, i)
+			for k, h := range held[:n] {
+				if na := active & h; na != active {
+					if i := base + j + k; i > 0 {
+						m.record(0, 0, active&^na, i)
+					}
+					if active = na; active == 0 {
+						return
+					}
+				}
 			}
-			active = na
-			if active == 0 {
-				return
-			}
+			j += n
 		}
 	}
 	m.record(0, 0, active, len(keys))
@@ -402,24 +418,27 @@ func (ix *Index) prefetchRun(keys []uint64, m *Match) {
 }
 
 // prefetchSlots prefetches, for each run of keys that continue one another (a group's blocks,
-// keys.go), the slots from the run's first key's to eight past its group: four cache lines of a
-// one-word index, the group and where a collision pushes its blocks. It appends the addresses
-// to addrs and returns it. Writers use it too: a store or remove of a run of blocks misses the
-// cache once per group, and these misses overlap as well.
+// keys.go), the slots from the run's first key's to eight past its last: the blocks and where
+// a collision pushes them; for a key that starts no such run, its home line. It appends the
+// addresses to addrs (at most 1.5 per key) and returns it. Writers use it too: a store or
+// remove of a run of blocks misses the cache once per line, and these misses overlap as well.
+// Only the run's last key is checked: prefetching is a hint, and a wrong one costs only time.
 func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) []uintptr {
-	var prev uint64
-	for i, h := range keys {
-		key := keyOf(h)
-		continues := i > 0 && key&(keyGroup-1) != 0 && key&keyHomeMask == (prev+1)&keyHomeMask
-		prev = key
-		if continues {
-			continue
-		}
+	for i := 0; i < len(keys); {
+		key := keyOf(keys[i])
 		t := ix.shardOf(key).tab.Load()
 		st := uint64(t.stride)
-		for j := uint64(0); j < 2*keyGroup-key&(keyGroup-1); j += 4 { // 4 slots: a line when st is 2
+		last := min(i+int(keyGroup-key&(keyGroup-1)), len(keys)) - 1 // where the group ends
+		span := uint64(4)                                            // 4 slots: a line when st is 2
+		if d := uint64(last - i); d > 0 && keyOf(keys[last])&keyHomeMask == (key+d)&keyHomeMask {
+			span = d + 1 + 8
+		} else {
+			last = i
+		}
+		for j := uint64(0); j < span; j += 4 {
 			addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+j)&t.mask)*st])))
 		}
+		i = last + 1
 	}
 	prefetch(addrs)
 	return addrs

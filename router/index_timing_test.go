@@ -21,9 +21,10 @@ import (
 //	                          looks up continuously, GOMAXPROCS = 2; lookup p99 meanwhile
 //	BenchmarkIndexMemory      (c) heap bytes per (block, worker) entry after GC
 //
-// The fleet: 11,100 conversations of 256 blocks, each held by 4 workers; the first 32 blocks of
-// each conversation are one of 50 shared system prompts: 10.05M entries over 2.49M blocks.
-// Hashes are random (what xxh3 gives).
+// The fleet: 11,100 conversations of 256 blocks, each held by 4 workers; each conversation starts
+// with one of 50 shared system prompts of 16 to 48 blocks (about 222 conversations branch from
+// each, mostly in the middle of a key group): ~10M entries over ~2.5M blocks. Hashes are random
+// (what xxh3 gives).
 
 var heapProfile = flag.String("router.heapprofile", "", "BenchmarkIndexMemory writes a heap profile with the index and baseline loaded to this file")
 
@@ -33,7 +34,7 @@ const (
 	fleetLen      = 256 // blocks per conversation: 4,096 tokens at block size 16
 	fleetHolders  = 4
 	fleetPrompts  = 50
-	fleetSysLen   = 32
+	fleetSysLen   = 32 // mean system prompt length; each prompt's is drawn from [16, 48]
 	eventBatchLen = 32 // blocks per store or remove event
 )
 
@@ -52,11 +53,14 @@ func getFleet() *fleet {
 		r := rand.New(rand.NewPCG(1, 2))
 		sys := make([][]uint64, fleetPrompts)
 		for i := range sys {
-			sys[i] = randomHashes(r, fleetSysLen)
+			// Lengths that are no multiple of the key group (keys.go): conversations branch from a
+			// shared prompt mid-group, where their blocks collide in the table.
+			sys[i] = randomHashes(r, fleetSysLen/2+r.IntN(fleetSysLen+1))
 		}
 		f := &fleet{}
 		for range fleetChains {
-			c := append(slices.Clone(sys[r.IntN(fleetPrompts)]), randomHashes(r, fleetLen-fleetSysLen)...)
+			p := sys[r.IntN(fleetPrompts)]
+			c := append(slices.Clone(p), randomHashes(r, fleetLen-len(p))...)
 			f.chains = append(f.chains, ChainKeys(nil, c)) // sequence hashes → index keys
 			f.holders = append(f.holders, r.Perm(fleetWorkers)[:fleetHolders])
 		}
