@@ -449,8 +449,9 @@ func TestBudgetWaitFIFO(t *testing.T) {
 	require.NoError(t, err)
 	hog, _ := s.Begin("hog", Policy{})
 	admitEncode(t, hog, item("h1", 32*kib), 0)
-	admitEncode(t, hog, item("h2", 16*kib), 0)
 	admitEncode(t, hog, item("h3", 16*kib), 0)
+	hog2, _ := s.Begin("hog2", Policy{})
+	admitEncode(t, hog2, item("h2", 16*kib), 0)
 
 	order := make(chan string, 2)
 	big, _ := s.Begin("big", Policy{})
@@ -471,12 +472,23 @@ func TestBudgetWaitFIFO(t *testing.T) {
 		order <- "small " + errString(err)
 	}()
 	require.Eventually(t, func() bool { return s.Stats().Host.Waiting == 2 }, 5*time.Second, time.Millisecond)
-	hog.Cancel() // 64 KiB free: big first, then small fits beside it
-	require.Equal(t, "big ok", <-order)
-	require.Equal(t, "small ok", <-order)
+	// 16 KiB free: enough for small, but big is ahead of it and nobody passes the head of the
+	// queue, not small and not a newcomer.
+	hog2.Cancel()
+	newcomer, _ := s.Begin("newcomer", Policy{})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, _, err = newcomer.Admit(ctx, item("newcomer", 4*kib))
+	cancel()
+	require.ErrorIs(t, err, ErrBudget) // its deadline passed in the queue
+	newcomer.Cancel()
+	require.Equal(t, 2, s.Stats().Host.Waiting)
+	require.Empty(t, order, "small passed big")
+	hog.Cancel() // 64 KiB free: big, then small beside it
+	got := []string{<-order, <-order}
+	require.ElementsMatch(t, []string{"big ok", "small ok"}, got)
 
 	// A waiter whose client disconnects leaves the queue with the context's error.
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel = context.WithCancel(context.Background())
 	late, _ := s.Begin("late", Policy{})
 	done := make(chan error, 1)
 	go func() { _, _, err := late.Admit(ctx, item("late", 4*kib)); done <- err }()
