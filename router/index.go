@@ -362,7 +362,9 @@ func (ix *Index) match1(keys []uint64, m *Match) {
 			t := s.tab.Load()
 			slots, mask := t.slots, t.mask
 			// Probe for the first block, then read on while the next slot holds the next key,
-			// until a block leaves no worker (the lookup ends there).
+			// until a block leaves no worker (the lookup ends there). The probe is table.find
+			// for stride 2, written out: calling find cost 20 % at p50 and 40 % at p99, where
+			// probes cross the long runs that branches build (README).
 			var held0 uint64
 			i := key & mask
 			for ; ; i = (i + 1) & mask {

@@ -204,15 +204,8 @@ func (s *shard) read1(key uint64) uint64 {
 		if v&1 == 0 {
 			t := s.tab.Load()
 			var m uint64
-			for i := key & t.mask; ; i = (i + 1) & t.mask {
-				k := t.slots[i*2].Load()
-				if k == key {
-					m = t.slots[i*2+1].Load()
-					break
-				}
-				if k == 0 {
-					break
-				}
+			if i := t.find(key); i >= 0 {
+				m = t.slots[i*2+1].Load()
 			}
 			if s.version.Load() == v {
 				return m
