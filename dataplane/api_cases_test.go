@@ -27,6 +27,7 @@ import (
 
 	"dataplane/dataplane/encoder"
 	"dataplane/dataplane/encoderpool"
+	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
 	"dataplane/dataplane/worker"
 	"dataplane/features"
 	"dataplane/native"
@@ -384,11 +385,7 @@ func TestVideoURLContainer(t *testing.T) {
 	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "clip.mp4")
-	var stderr bytes.Buffer
-	cmd := exec.Command("ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
-		"-f", "lavfi", "-i", "testsrc2=size=96x64:rate=10:duration=2", "-c:v", "mpeg4", "-q:v", "5", path)
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Run(), stderr.String())
+	ffmpegtest.Run(t, "-f", "lavfi", "-i", "testsrc2=size=96x64:rate=10:duration=2", "-c:v", "mpeg4", "-q:v", "5", path)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
 	"dataplane/features/safetensors"
 	"dataplane/native/fixtures"
 )
@@ -82,8 +83,7 @@ func TestPreprocessVideoAndImages(t *testing.T) {
 		{"-f", "lavfi", "-i", "testsrc2=size=96x64:rate=10:duration=2", "-c:v", "ffv1", "-pix_fmt", "bgr0", mkv},
 		{"-i", mkv, filepath.Join(dir, "f%03d.png")},
 	} {
-		out, err := exec.Command("ffmpeg", append([]string{"-nostdin", "-hide_banner", "-loglevel", "error", "-y"}, args...)...).CombinedOutput()
-		require.NoError(t, err, "%s", out)
+		ffmpegtest.Run(t, args...)
 	}
 	pngs, err := filepath.Glob(filepath.Join(dir, "f*.png"))
 	require.NoError(t, err)

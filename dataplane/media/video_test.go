@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -13,24 +12,19 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/zeebo/blake3"
 
+	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
 	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/media/video"
 	"dataplane/native"
 )
-
-func ffmpeg(t testing.TB, args ...string) {
-	t.Helper()
-	out, err := exec.Command("ffmpeg", append([]string{"-nostdin", "-hide_banner", "-loglevel", "error", "-y"}, args...)...).CombinedOutput()
-	require.NoError(t, err, "ffmpeg %v: %s", args, out)
-}
 
 // clip is a lossless (FFV1 RGB) video of an ffmpeg test source, 96x64, 10 fps, 4 s, and every
 // frame of it as a PNG, in order: the same frames as a container and as a picture list.
 func clip(t testing.TB, src string) (mkv []byte, pngs [][]byte) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "v.mkv")
-	ffmpeg(t, "-f", "lavfi", "-i", src+"=size=96x64:rate=10:duration=4", "-c:v", "ffv1", "-pix_fmt", "bgr0", path)
-	ffmpeg(t, "-i", path, filepath.Join(dir, "f%03d.png"))
+	ffmpegtest.Run(t, "-f", "lavfi", "-i", src+"=size=96x64:rate=10:duration=4", "-c:v", "ffv1", "-pix_fmt", "bgr0", path)
+	ffmpegtest.Run(t, "-i", path, filepath.Join(dir, "f%03d.png"))
 	mkv, err := os.ReadFile(path)
 	require.NoError(t, err)
 	files, err := filepath.Glob(filepath.Join(dir, "f*.png"))

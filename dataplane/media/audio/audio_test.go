@@ -8,12 +8,12 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
 	"dataplane/native"
 	"dataplane/native/fixtures"
 )
@@ -24,30 +24,11 @@ func newRand(t testing.TB) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, 11))
 }
 
-// needFFmpeg fails (does not skip) when ffmpeg is missing: `make test` installs it.
-func needFFmpeg(t testing.TB) {
-	t.Helper()
-	if _, err := exec.LookPath("ffmpeg"); err != nil {
-		t.Fatal("ffmpeg not found: `make deps-test` installs it (Debian package ffmpeg)")
-	}
-}
-
-// ffmpegOut runs ffmpeg and returns its stdout.
-func ffmpegOut(t testing.TB, args ...string) []byte {
-	t.Helper()
-	needFFmpeg(t)
-	cmd := exec.Command("ffmpeg", append([]string{"-nostdin", "-hide_banner", "-loglevel", "error", "-y"}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	require.NoError(t, cmd.Run(), "ffmpeg %v: %s", args, errb.String())
-	return out.Bytes()
-}
-
 // encode converts the fixture with ffmpeg into dir/name using the given output options.
 func encode(t testing.TB, src, dir, name string, opts ...string) []byte {
 	t.Helper()
 	path := filepath.Join(dir, name)
-	ffmpegOut(t, append(append([]string{"-i", src}, opts...), path)...)
+	ffmpegtest.Run(t, append(append([]string{"-i", src}, opts...), path)...)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return data
@@ -56,7 +37,7 @@ func encode(t testing.TB, src, dir, name string, opts ...string) []byte {
 // ffmpegF32 is ffmpeg's own decode of a file to float32 at its source rate, its channels
 // averaged (in float64) to mono.
 func ffmpegF32(t testing.TB, path string, channels int) []float32 {
-	raw := ffmpegOut(t, "-i", path, "-f", "f32le", "-acodec", "pcm_f32le", "-")
+	raw := ffmpegtest.Run(t, "-i", path, "-f", "f32le", "-acodec", "pcm_f32le", "-")
 	out := make([]float32, len(raw)/4/channels)
 	for i := range out {
 		var s float64
@@ -270,7 +251,7 @@ func TestTokens(t *testing.T) {
 // Resampling against ffmpeg's default resampler on the same input: a tone's SNR, and how much of
 // a tone above the new Nyquist frequency leaks through (aliasing).
 func TestResampleOnParWithFFmpeg(t *testing.T) {
-	needFFmpeg(t)
+	ffmpegtest.Need(t)
 	dir := t.TempDir()
 	measure := func(rate int, freq float64) (ours, theirs float64) {
 		n := rate * 2
@@ -287,7 +268,7 @@ func TestResampleOnParWithFFmpeg(t *testing.T) {
 		clip := &Clip{Samples: x, Rate: rate, Format: "test"}
 		got, err := clip.Resample(16000)
 		require.NoError(t, err)
-		outRaw := ffmpegOut(t, "-f", "f32le", "-ar", fmt.Sprint(rate), "-ac", "1", "-i", in, "-ar", "16000", "-f", "f32le", "-")
+		outRaw := ffmpegtest.Run(t, "-f", "f32le", "-ar", fmt.Sprint(rate), "-ac", "1", "-i", in, "-ar", "16000", "-f", "f32le", "-")
 		ff := make([]float32, len(outRaw)/4)
 		for i := range ff {
 			ff[i] = math.Float32frombits(binary.LittleEndian.Uint32(outRaw[4*i:]))
@@ -363,7 +344,7 @@ func TestBadInputs(t *testing.T) {
 	f("long flac", flacData, Options{MaxSeconds: 1}, ErrTooLong, "7.3 s")
 	f("mp3 garbage", append([]byte("ID3\x03\x00\x00\x00\x00\x00\x00"), bytes.Repeat([]byte{0x13}, 500)...), Options{}, ErrCorrupt, "mp3")
 	f("unknown, no ffmpeg", []byte("hello, this is not audio"), Options{FFmpeg: "/nonexistent/ffmpeg"}, ErrFormat, "needs ffmpeg")
-	needFFmpeg(t)
+	ffmpegtest.Need(t)
 	f("unknown, ffmpeg refuses", []byte("hello, this is not audio at all"), Options{}, ErrFFmpeg, "ffmpeg")
 	// Resampling from a rate the kernel refuses.
 	_, err = (&Clip{Samples: make([]float32, 10), Rate: 5_000_000}).Resample(16000)

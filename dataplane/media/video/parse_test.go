@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
 	"dataplane/dataplane/media/picture"
 	"dataplane/native"
 )
@@ -192,7 +193,7 @@ func FuzzFromImages(f *testing.F) {
 // tinyVideo is 5 frames of 16x16 in lossless FFV1: small enough to mutate and decode per input.
 func tinyVideo(t testing.TB) []byte {
 	path := filepath.Join(t.TempDir(), "t.mkv")
-	ffmpegRun(t, "-f", "lavfi", "-i", "testsrc2=size=16x16:rate=5:duration=1", "-c:v", "ffv1", "-pix_fmt", "bgr0", path)
+	ffmpegtest.Run(t, "-f", "lavfi", "-i", "testsrc2=size=16x16:rate=5:duration=1", "-c:v", "ffv1", "-pix_fmt", "bgr0", path)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return data

@@ -4,35 +4,22 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
 	"dataplane/dataplane/media/picture"
 	"dataplane/native"
 )
-
-// ffmpegRun runs ffmpeg (installed by `make deps-test`; the test fails without it).
-func ffmpegRun(t testing.TB, args ...string) []byte {
-	t.Helper()
-	if _, err := exec.LookPath("ffmpeg"); err != nil {
-		t.Fatal("ffmpeg not found: `make deps-test` installs it (Debian package ffmpeg)")
-	}
-	cmd := exec.Command("ffmpeg", append([]string{"-nostdin", "-hide_banner", "-loglevel", "error", "-y"}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	require.NoError(t, cmd.Run(), "ffmpeg %v: %s", args, errb.String())
-	return out.Bytes()
-}
 
 // losslessVideo is 4 s of ffmpeg's test pattern at 10 fps, 96x64, in lossless FFV1 RGB: every
 // frame decodes to known bytes.
 func losslessVideo(t testing.TB) (string, []byte) {
 	path := filepath.Join(t.TempDir(), "v.mkv")
-	ffmpegRun(t, "-f", "lavfi", "-i", "testsrc2=size=96x64:rate=10:duration=4", "-c:v", "ffv1", "-pix_fmt", "bgr0", path)
+	ffmpegtest.Run(t, "-f", "lavfi", "-i", "testsrc2=size=96x64:rate=10:duration=4", "-c:v", "ffv1", "-pix_fmt", "bgr0", path)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return path, data
@@ -40,7 +27,7 @@ func losslessVideo(t testing.TB) (string, []byte) {
 
 // allFrames is ffmpeg's own decode of every frame, as RGB.
 func allFrames(t testing.TB, path string, w, h int) [][]byte {
-	raw := ffmpegRun(t, "-i", path, "-f", "rawvideo", "-pix_fmt", "rgb24", "-")
+	raw := ffmpegtest.Run(t, "-i", path, "-f", "rawvideo", "-pix_fmt", "rgb24", "-")
 	var out [][]byte
 	for len(raw) >= 3*w*h {
 		out = append(out, raw[:3*w*h])
@@ -76,7 +63,7 @@ func TestUniformAndFPSSampling(t *testing.T) {
 // A video of four flat colours, a second each: keyframes are the four cuts.
 func TestKeyframeSampling(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "cuts.mkv")
-	ffmpegRun(t, "-f", "lavfi", "-i", "color=c=red:s=64x48:r=10:d=1", "-f", "lavfi", "-i", "color=c=blue:s=64x48:r=10:d=1",
+	ffmpegtest.Run(t, "-f", "lavfi", "-i", "color=c=red:s=64x48:r=10:d=1", "-f", "lavfi", "-i", "color=c=blue:s=64x48:r=10:d=1",
 		"-f", "lavfi", "-i", "color=c=white:s=64x48:r=10:d=1", "-f", "lavfi", "-i", "color=c=green:s=64x48:r=10:d=1",
 		"-filter_complex", "[0][1][2][3]concat=n=4:v=1", "-c:v", "ffv1", path)
 	data, err := os.ReadFile(path)
@@ -89,7 +76,7 @@ func TestKeyframeSampling(t *testing.T) {
 func pngFrames(t testing.TB, path string, w, h int) [][]byte {
 	var out [][]byte
 	dir := t.TempDir()
-	ffmpegRun(t, "-i", path, filepath.Join(dir, "f%03d.png"))
+	ffmpegtest.Run(t, "-i", path, filepath.Join(dir, "f%03d.png"))
 	files, err := filepath.Glob(filepath.Join(dir, "*.png"))
 	require.NoError(t, err)
 	slices.Sort(files)
