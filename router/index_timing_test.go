@@ -172,13 +172,19 @@ func (l latencies) quantile(q float64) float64 {
 	return float64(s[int(q*float64(len(s)-1))].Nanoseconds())
 }
 
-// (a) Lookup latency of one 256-block prompt fully held by 4 workers (no early exit), the
-// prompt drawn at random per lookup, alternating index and baseline.
-func BenchmarkMatch4K(b *testing.B) {
+// matchSetup is what the lookup benchmarks share: the loaded fleet, checked to agree with the
+// baseline, and the generator that draws the prompts.
+func matchSetup(b *testing.B) (*Index, *mutexIndex, *fleet, *rand.Rand) {
 	ix, base := getBuilt(b)
 	f := getFleet()
 	checkAgree(b, ix, base, f.chains[0])
-	r := rand.New(rand.NewPCG(3, 4))
+	return ix, base, f, rand.New(rand.NewPCG(3, 4))
+}
+
+// (a) Lookup latency of one 256-block prompt fully held by 4 workers (no early exit), the
+// prompt drawn at random per lookup, alternating index and baseline.
+func BenchmarkMatch4K(b *testing.B) {
+	ix, base, f, r := matchSetup(b)
 	var m Match
 	var out [64]int32
 	ours, theirs := make(latencies, 0, 1<<20), make(latencies, 0, 1<<20)
@@ -218,10 +224,7 @@ func BenchmarkMatch4K(b *testing.B) {
 // own structure, not the baseline's, whose 70 MB map evicts the index from L2 and L3 between
 // index lookups in BenchmarkMatch4K. Both are reported: Match4K is the colder condition.
 func BenchmarkMatch4KApart(b *testing.B) {
-	ix, base := getBuilt(b)
-	f := getFleet()
-	checkAgree(b, ix, base, f.chains[0])
-	r := rand.New(rand.NewPCG(3, 4))
+	ix, base, f, r := matchSetup(b)
 	var m Match
 	var out [64]int32
 	ours, theirs := make(latencies, 0, 1<<20), make(latencies, 0, 1<<20)
