@@ -105,7 +105,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Service{opts: opts, log: opts.Log, workers: map[string]worker.Worker{}, uuids: newUUIDTable(max(opts.MaxUUIDs, 1)),
-		routes: router.NewDecisionLog(256), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0))}
+		routes: router.NewDecisionLog(router.RecentDecisions), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0))}
 	var err error
 	if s.tok, err = LoadTokenizer(opts.Tokenizer); err != nil {
 		return nil, err

@@ -155,7 +155,7 @@ func (h *HTTPHandler) debugRoute(ctx *fasthttp.RequestCtx) {
 	d, ok := h.recent.Get(id)
 	if !ok {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found",
-			fmt.Sprintf("no routing decision for %q among the last %d", id, RecentDecisions))
+			fmt.Sprintf("no routing decision for %q among the last %d", id, h.recent.Len()))
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, d)

@@ -17,8 +17,8 @@ import (
 // one), and its outputs are timed on the wall clock as the engines deliver them, so a fleet
 // that cannot keep up shows it in the latencies. This is how fleets too large for a socket
 // each (10,000 engines) are measured. Only Speedup, MaxInFlight, BlockSize, Vocab, Progress
-// and Route apply. If ctx ends first, only the error
-// is returned (the fleet may have stopped with requests in flight).
+// and Route apply. If ctx ends first, only the error is returned (the fleet may have stopped
+// with requests in flight).
 func RunInProcess(ctx context.Context, f *mocker.Fleet, recs []synth.Record, opts Options) (*Report, error) {
 	if !(opts.Speedup > 0) {
 		return nil, &ErrOptions{"Speedup", "must be positive"}
