@@ -66,7 +66,8 @@ type Engine struct {
 	group         int // the attention group routed on; -1 until a store names one
 
 	batch Batch
-	keys  []uint64 // scratch: the index keys of an event's blocks
+	seqs  []uint64 // scratch: the sequence hashes of an event's blocks
+	keys  []uint64 // scratch: their index keys
 }
 
 type engineBlock struct {
@@ -260,25 +261,26 @@ func (e *Engine) store(ev *Event, tier int) {
 		}
 		seed = SeedFor(ev.LoraName, salt)
 	}
-	e.keys = e.keys[:0]
-	for i, eh := range ev.Hashes {
+	e.seqs = e.seqs[:0]
+	for i := range ev.Hashes {
 		var media []uint64
 		if len(ev.Extra) > 0 {
 			media = ev.Extra[i].Media
 		}
 		h := e.hasher.LocalBlock(ev.Tokens[i*bs:(i+1)*bs], seed, media)
-		hasParent := i > 0 || ev.HasParent
-		if hasParent {
+		if i > 0 || ev.HasParent {
 			h = ChainHash(parent, h)
 		}
-		key := ChildKey(parentKey, hasParent, h)
-		parent, parentKey = h, key
-		b, _ := e.lookup(eh)
-		b.seq, b.key, b.seed, b.tiers = h, key, seed, b.tiers|1<<tier
-		e.remember(eh, b)
-		e.keys = append(e.keys, key)
+		parent = h
+		e.seqs = append(e.seqs, h)
 	}
-	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, e.keys)))
+	e.keys = resize(e.keys, len(e.seqs))
+	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, parentKey, e.seqs, e.keys)))
+	for i, eh := range ev.Hashes {
+		b, _ := e.lookup(eh)
+		b.seq, b.key, b.seed, b.tiers = e.seqs[i], e.keys[i], seed, b.tiers|1<<tier
+		e.remember(eh, b)
+	}
 }
 
 func (e *Engine) remove(ev *Event, tier int) {

@@ -32,7 +32,7 @@ func newEngineRig(t *testing.T, tiers int, media map[string]int) *engineRig {
 
 func (g *engineRig) overlap(hs []uint64, tier int) int {
 	var m Match
-	g.ix.Match(ChainKeys(nil, hs), &m)
+	g.ix.Match(hs, &m)
 	return m.Blocks(g.w, tier)
 }
 

@@ -43,7 +43,7 @@ func TestHTTPAPI(t *testing.T) {
 	prompt := tokensN(rnd, 100)
 	h2, _ := NewHasher(16)
 	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", "t1"), []Media{{Hash: MediaHash("cat.png"), Offset: 10, Length: 20}})
-	r.Index().Store(r.find("w2").slot, 0, ChainKeys(nil, hashes)[:5])
+	r.Index().Store(r.find("w2").slot, 0, 0, hashes[:5], nil)
 
 	ids, _ := json.Marshal(prompt)
 	body := fmt.Sprintf(`{"token_ids": %s, "salt": "t1", "media": [{"id": "cat.png", "offset": 10, "length": 20}], "request_id": "req-1"}`, ids)
@@ -128,7 +128,7 @@ func TestHTTPDebugRouteAndLog(t *testing.T) {
 	prompt := tokensN(newRand(t), 64)
 	h2, _ := NewHasher(16)
 	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", ""), nil)
-	r.Index().Store(r.find("w1").slot, 0, ChainKeys(nil, hashes)[:3])
+	r.Index().Store(r.find("w1").slot, 0, 0, hashes[:3], nil)
 	ids, _ := json.Marshal(prompt)
 	for _, id := range []string{"a", "b"} {
 		resp, err := http.Post(base+"/v1/route", "application/json",

@@ -159,27 +159,103 @@ func (ix *Index) ClearWorker(w Worker) {
 // bits only past 2^32 slots in all.
 func (ix *Index) shardOf(key uint64) *shard { return &ix.shards[(key<<32)>>ix.shift] }
 
-// Store records that worker w holds the blocks on tier; keys already held are no-ops. It
-// returns how many (block, worker) entries were added. Past the worker's cap, the index evicts
-// the worker's entries in table order from a rotating cursor: the engine's own LRU order is not
+// Store records that worker w holds a chain of blocks on tier: seqs are their sequence hashes,
+// first block first, and parent is the key of the block before the first (0: the chain starts a
+// sequence). It writes each block's key (keys.go) to keys[i] (keys may be nil when the caller
+// needs none) and returns how many (block, worker) entries were added; blocks already held are
+// no-ops. A worker's blocks must be stored parent first and removed children first, as vLLM
+// does: a block's key can change when nobody holds it for a while, and children stored under
+// the old one are not found through the new one. Past the worker's cap, the index evicts the
+// worker's entries in table order from a rotating cursor: the engine's own LRU order is not
 // visible to a router, so the cap is a guard against lost remove events, not a cache model.
-func (ix *Index) Store(w Worker, tier int, keys []uint64) int {
-	added := ix.eachBlock(w, tier, keys, (*shard).setBit)
+func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) int {
+	word, bit := bitOf(int(w))
+	word += tier * ix.words
+	added := 0
+	var ahead, owns [matchRun]uint64
+	var addrs [2 * matchRun]uintptr
+	for i, seq := range seqs {
+		if i%matchRun == 0 {
+			// Prefetch where the next blocks go if nothing branched, and where those that
+			// continue a group would start their own (store1 looks there too).
+			p, owns := parent, owns[:0]
+			n := min(matchRun, len(seqs)-i)
+			for j := range n {
+				p = ChildKey(p, seqs[i+j])
+				ahead[j] = p
+				if continues(p) {
+					owns = append(owns, OwnKey(seqs[i+j]))
+				}
+			}
+			ix.prefetchSlots(ahead[:n], addrs[:0])
+			ix.prefetchHomes(owns, addrs[:0])
+		}
+		key, isNew := ix.store1(parent, seq, word, bit)
+		if isNew {
+			added++
+		}
+		if keys != nil {
+			keys[i] = key
+		}
+		parent = key
+	}
 	ix.workers[w].counts[tier].Add(int64(added))
 	ix.enforceCap(w, tier)
 	return added
 }
 
-// Remove records that worker w no longer holds the blocks on tier. Blocks nobody holds any more
-// are deleted at once. It returns how many entries were removed.
+// store1 sets holder bit (word, bit) of the block with sequence hash seq whose parent has key
+// parent, and returns the block's key and whether the bit was newly set. A block that would
+// continue its parent's group goes there unless a sibling holds that place; then it starts a
+// group of its own (keys.go). Both candidate shards are locked for the decision (in shard
+// order, the only place two are held), so a block never has both keys at once.
+func (ix *Index) store1(parent, seq uint64, word int, bit uint64) (uint64, bool) {
+	ck := ChildKey(parent, seq)
+	sc := ix.shardOf(ck)
+	if !continues(ck) {
+		sc.mu.Lock()
+		defer sc.mu.Unlock()
+		return ck, sc.setBit(ck, word, bit)
+	}
+	own := OwnKey(seq)
+	so := ix.shardOf(own)
+	first, second := sc, so
+	if uintptr(unsafe.Pointer(so)) < uintptr(unsafe.Pointer(sc)) {
+		first, second = so, sc
+	}
+	first.mu.Lock()
+	defer first.mu.Unlock()
+	if second != first {
+		second.mu.Lock()
+		defer second.mu.Unlock()
+	}
+	t := sc.tab.Load()
+	i, blocked := t.findChild(ck)
+	if i >= 0 {
+		return ck, sc.setAt(t, i, word, bit)
+	}
+	to := so.tab.Load()
+	if j := to.find(own); j >= 0 {
+		return own, so.setAt(to, j, word, bit)
+	}
+	if blocked {
+		so.insert(own, word, bit)
+		return own, true
+	}
+	sc.insert(ck, word, bit)
+	return ck, true
+}
+
+// Remove records that worker w no longer holds the blocks on tier (by the keys Store returned).
+// Blocks nobody holds any more are deleted at once. It returns how many entries were removed.
 func (ix *Index) Remove(w Worker, tier int, keys []uint64) int {
 	removed := ix.eachBlock(w, tier, keys, (*shard).clearBit)
 	ix.workers[w].counts[tier].Add(-int64(removed))
 	return removed
 }
 
-// eachBlock applies op (setBit or clearBit) to worker w's bit on tier for each key, under its
-// shard's lock, prefetching runs of slots ahead, and counts the changes op reports.
+// eachBlock applies op (clearBit) to worker w's bit on tier for each key, under its shard's
+// lock, prefetching runs of slots ahead, and counts the changes op reports.
 func (ix *Index) eachBlock(w Worker, tier int, keys []uint64, op func(s *shard, key uint64, word int, bit uint64) bool) int {
 	word, bit := bitOf(int(w))
 	word += tier * ix.words
@@ -263,7 +339,7 @@ type Match struct {
 	n, tiers, maxWorkers int
 	blocks               []int32 // [tier*maxWorkers + worker]
 	active, buf          []uint64
-	addrs                []uintptr // prefetch addresses (scratch)
+	keys                 []uint64 // the query's keys (scratch)
 }
 
 // Len is the number of blocks queried.
@@ -287,24 +363,34 @@ func resize[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// Match fills m with each worker's leading-block overlap with keys (a sequence's index keys,
-// first block first: ChainKeys). It takes no lock and stops at the first block nobody holds.
-func (ix *Index) Match(keys []uint64, m *Match) {
-	m.reset(ix, len(keys))
-	if len(keys) == 0 {
+// Match fills m with each worker's leading-block overlap with a sequence (its sequence hashes,
+// first block first). It takes no lock and stops at the first block nobody holds. It walks the
+// chain as Store built it: each block under its parent's group, or where it branched off a
+// sibling, under its own key (keys.go).
+func (ix *Index) Match(seqs []uint64, m *Match) {
+	m.reset(ix, len(seqs))
+	if len(seqs) == 0 {
 		return
 	}
 	if ix.stride == 2 {
-		ix.match1(keys, m)
+		m.keys = ChainKeys(m.keys[:0], seqs)
+		ix.match1(seqs, m)
 		return
 	}
 	words, tiers := ix.words, ix.opts.Tiers
 	hint := slotHint{slot: -1}
-	for i, h := range keys {
-		key := keyOf(h)
-		if !ix.shardOf(key).read(key, m.buf, &hint) {
+	var parent uint64
+	for i, seq := range seqs {
+		key := ChildKey(parent, seq)
+		found := ix.shardOf(key).read(key, m.buf, &hint)
+		if !found && continues(key) {
+			key = OwnKey(seq)
+			found = ix.shardOf(key).read(key, m.buf, &hint)
+		}
+		if !found {
 			clear(m.buf)
 		}
+		parent = key
 		anyLeft := false
 		for wd := range words {
 			cum := uint64(0) // tier t counts blocks held on tier t or any faster tier
@@ -326,7 +412,7 @@ func (ix *Index) Match(keys []uint64, m *Match) {
 	}
 	for t := range tiers {
 		for wd := range words {
-			m.record(t, wd, m.active[t*words+wd], len(keys))
+			m.record(t, wd, m.active[t*words+wd], len(seqs))
 		}
 	}
 }
@@ -340,66 +426,96 @@ func (m *Match) record(t, wd int, gone uint64, n int) {
 	}
 }
 
-// match1 is Match for one mask word and one tier. Blocks are looked up in runs of matchRun; the
-// slots of the next run are prefetched before the current run is probed, so the cache misses
-// of a long prompt overlap with each other and with the probing. A group's blocks (keys.go)
-// usually sit in consecutive slots: after probing for a block, the lookup reads on from the
-// slot after it for as long as it finds the next key there, under one version check. A key
-// found in a shard's table belongs to that shard, so those blocks need no shard lookup.
-func (ix *Index) match1(keys []uint64, m *Match) {
+// match1 is Match for one mask word and one tier; m.keys holds the query's keys as ChainKeys
+// gives them. Blocks are looked up in runs of matchRun; the slots of the next run are
+// prefetched before the current run is probed, so the cache misses of a long prompt overlap
+// with each other and with the probing. A group's blocks (keys.go) usually sit in consecutive
+// slots: after probing for a group's first block, the lookup reads on from the slot after it
+// for as long as it finds the next key there, under one version check. A key found in a
+// shard's table belongs to that shard, so those blocks need no shard lookup.
+func (ix *Index) match1(seqs []uint64, m *Match) {
+	keys := m.keys
 	active := ^uint64(0)
-	var held [matchRun]uint64
-	ix.prefetchRun(keys[:min(matchRun, len(keys))], m)
+	rekeyed := false // keys were rewritten from the block being probed on
+	var addrs [2 * matchRun]uintptr
+	ix.prefetchSlots(keys[:min(matchRun, len(keys))], addrs[:0])
 	for base := 0; base < len(keys); base += matchRun {
 		run := keys[base:min(base+matchRun, len(keys))]
 		if next := base + matchRun; next < len(keys) {
-			ix.prefetchRun(keys[next:min(next+matchRun, len(keys))], m)
+			ix.prefetchSlots(keys[next:min(next+matchRun, len(keys))], addrs[:0])
 		}
 		for j := 0; j < len(run); {
-			key := keyOf(run[j])
+			key := run[j]
 			s := ix.shardOf(key)
 			v := s.version.Load()
 			t := s.tab.Load()
 			slots, mask := t.slots, t.mask
-			// Probe for the first block, then read on while the next slot holds the next key,
-			// until a block leaves no worker (the lookup ends there). The probe is table.find
-			// for stride 2, written out: calling find cost 20 % at p50 and 40 % at p99, where
-			// probes cross the long runs that branches build (README).
-			var held0 uint64
+			// Probe for the first block, then read on while the next slot holds the next key, up
+			// to the group's end or a block that leaves no worker (the lookup ends there). The
+			// probe is table.find for stride 2, written out: calling find cost 20 % at p50 and
+			// 40 % at p99 (README).
+			var h uint64
+			found, cont := false, continues(key)
 			i := key & mask
 			for ; ; i = (i + 1) & mask {
 				k := slots[i*2].Load()
 				if k == key {
-					held0 = slots[i*2+1].Load()
+					h, found = slots[i*2+1].Load(), true
 					break
 				}
-				if k == 0 {
+				if k == 0 || cont && sibling(k, key) {
 					break
 				}
 			}
-			held[0] = held0
-			n, act := 1, active&held0
-			for ; act != 0 && j+n < len(run); n++ {
+			if !found && cont && (v&1 != 0 || s.version.Load() != v) && s.read1(key) != 0 {
+				continue // it is there: a writer moved keys while it was probed for
+			}
+			if !found && cont {
+				// Not in its parent's group: the block may have branched off a sibling there and
+				// started a group of its own. Look for it there, and for the rest after it.
+				rekey(keys[base+j:], OwnKey(seqs[base+j]), seqs[base+j+1:])
+				rekeyed = true
+				continue
+			}
+			if found && rekeyed {
+				// It had: what was prefetched for the blocks after it is the wrong places.
+				rekeyed = false
+				from := base + j + 1
+				for n := 0; n < 2 && from < len(keys); n++ {
+					to := min(from+matchRun, len(keys))
+					ix.prefetchSlots(keys[from:to], addrs[:0])
+					from = to
+				}
+			}
+			h0, first, end := h, i, min(j+keyGroup-keyPos(key), len(run))
+			n, act := 1, active&h
+			for ; act != 0 && j+n < end; n++ {
 				i = (i + 1) & mask
-				if slots[i*2].Load() != keyOf(run[j+n]) {
+				if slots[i*2].Load() != run[j+n] {
 					break
 				}
-				h := slots[i*2+1].Load()
-				held[n] = h
-				act &= h
+				act &= slots[i*2+1].Load()
 			}
-			if v&1 != 0 || s.version.Load() != v {
-				for k := range n { // a writer moved keys meanwhile: read again properly
-					held[k] = s.read1(keyOf(run[j+k]))
-				}
-			}
-			for k, h := range held[:n] {
-				if na := active & h; na != active {
-					if i := base + j + k; i > 0 {
-						m.record(0, 0, active&^na, i)
+			stale := v&1 != 0 || s.version.Load() != v
+			if act != active || stale {
+				// Some worker's overlap ends in this group (or a writer moved keys meanwhile and
+				// the group is read again properly): find the block where each one ends.
+				for k := range n {
+					switch {
+					case stale:
+						h = s.read1(run[j+k])
+					case k == 0:
+						h = h0 // (the slot of an absent first block may be one being filled)
+					default:
+						h = slots[((first+uint64(k))&mask)*2+1].Load()
 					}
-					if active = na; active == 0 {
-						return
+					if na := active & h; na != active {
+						if i := base + j + k; i > 0 {
+							m.record(0, 0, active&^na, i)
+						}
+						if active = na; active == 0 {
+							return
+						}
 					}
 				}
 			}
@@ -409,14 +525,28 @@ func (ix *Index) match1(keys []uint64, m *Match) {
 	m.record(0, 0, active, len(keys))
 }
 
+// rekey rewrites keys for a chain whose first block starts a group under key first: keys[0] is
+// first, and the rest (with sequence hashes seqs) follow as ChainKeys would.
+func rekey(keys []uint64, first uint64, seqs []uint64) {
+	keys[0] = first
+	for i, h := range seqs[:len(keys)-1] {
+		keys[i+1] = ChildKey(keys[i], h)
+	}
+}
+
 // matchRun is how many blocks are prefetched ahead: enough misses in flight to fill the core's
 // miss buffers (64 blocks are 8 groups: 16 lines and the 16 after them), few enough that a
 // prompt whose match ends early wastes little.
 const matchRun = 64
 
-// prefetchRun prefetches the home slot of each key.
-func (ix *Index) prefetchRun(keys []uint64, m *Match) {
-	m.addrs = ix.prefetchSlots(keys, m.addrs[:0])
+// prefetchHomes prefetches the home slot of each key and returns addrs (len(keys) ≤ cap(addrs)).
+func (ix *Index) prefetchHomes(keys []uint64, addrs []uintptr) []uintptr {
+	for _, key := range keys {
+		t := ix.shardOf(key).tab.Load()
+		addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[(key&t.mask)*uint64(t.stride)])))
+	}
+	prefetch(addrs)
+	return addrs
 }
 
 // prefetchSlots prefetches, for each run of keys that continue one another (a group's blocks,
@@ -430,8 +560,8 @@ func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) []uintptr {
 		key := keyOf(keys[i])
 		t := ix.shardOf(key).tab.Load()
 		st := uint64(t.stride)
-		last := min(i+int(keyGroup-key&(keyGroup-1)), len(keys)) - 1 // where the group ends
-		span := uint64(4)                                            // 4 slots: a line when st is 2
+		last := min(i+keyGroup-keyPos(key), len(keys)) - 1 // where the group ends
+		span := uint64(4)                                  // 4 slots: a line when st is 2
 		if d := uint64(last - i); d > 0 && keyOf(keys[last])&keyHomeMask == (key+d)&keyHomeMask {
 			span = d + 1 + 8
 		} else {

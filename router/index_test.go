@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -70,7 +71,8 @@ func (m *model) entries() int64 {
 	return n
 }
 
-// A universe of block chains (index keys): prompts that share prefixes, as real traffic does.
+// A universe of block chains (sequence hashes): prompts that share prefixes, as real traffic
+// does.
 type universe struct{ chains [][]uint64 }
 
 func newUniverse(r *rand.Rand, chains, length int) *universe {
@@ -86,19 +88,113 @@ func newUniverse(r *rand.Rand, chains, length int) *universe {
 		for i := cut; i < length; i++ {
 			c[i] = r.Uint64()
 		}
-		u.chains = append(u.chains, ChainKeys(nil, c)) // placed as the router places them
+		u.chains = append(u.chains, c)
 	}
 	return u
 }
 
-func (u *universe) pick(r *rand.Rand) []uint64 {
-	c := u.chains[r.IntN(len(u.chains))]
-	a := r.IntN(len(c))
-	b := a + 1 + r.IntN(len(c)-a)
+// pick draws a chain and a run [a, b) of its blocks, often from its start.
+func (u *universe) pick(r *rand.Rand) (c []uint64, a, b int) {
+	c = u.chains[r.IntN(len(u.chains))]
+	a = r.IntN(len(c))
+	b = a + 1 + r.IntN(len(c)-a)
 	if r.IntN(3) == 0 {
-		a = 0 // often a prefix
+		a = 0
 	}
-	return c[a:b]
+	return c, a, b
+}
+
+// prefix draws a query: the start of a chain.
+func (u *universe) prefix(r *rand.Rand) []uint64 {
+	c := u.chains[r.IntN(len(u.chains))]
+	return c[:1+r.IntN(len(c))]
+}
+
+// engineSim writes to the index as an Engine does and mirrors every write in a model: a
+// worker's blocks are stored parent first (a store reaches back to the last block before it
+// that the worker holds on that tier), with the parent's key as the index returned it, and
+// removed as whole subtrees (a block and everything after it that the worker holds on that
+// tier, in any chain through it), as vLLM evicts.
+type engineSim struct {
+	ix   *Index
+	u    *universe
+	mod  *model
+	keys map[Worker]map[uint64]uint64 // what Store returned, for blocks the worker holds
+	buf  []uint64
+
+	// capped: the workers have caps, so the index may drop a block the model says they hold,
+	// and a block's key may change under them.
+	capped bool
+}
+
+func newEngineSim(ix *Index, u *universe) *engineSim {
+	return &engineSim{ix: ix, u: u, mod: newModel(ix.Options().Tiers), keys: map[Worker]map[uint64]uint64{}}
+}
+
+func (e *engineSim) holds(w Worker, tier int, h uint64) bool {
+	return e.mod.held[h][[2]int{int(w), tier}]
+}
+
+func (e *engineSim) store(w Worker, tier int, c []uint64, a, b int) error {
+	for a > 0 && !e.holds(w, tier, c[a-1]) {
+		a--
+	}
+	var parent uint64
+	if a > 0 {
+		parent = e.keys[w][c[a-1]]
+	}
+	e.buf = resize(e.buf, b-a)
+	e.ix.Store(w, tier, parent, c[a:b], e.buf)
+	if e.keys[w] == nil {
+		e.keys[w] = map[uint64]uint64{}
+	}
+	for i, k := range e.buf {
+		if old, ok := e.keys[w][c[a+i]]; ok && old != k && !e.capped {
+			return fmt.Errorf("worker %d: block %#x changed keys while held: %#x, then %#x", w, c[a+i], old, k)
+		}
+		e.keys[w][c[a+i]] = k
+	}
+	e.mod.store(int(w), tier, c[a:b])
+	return nil
+}
+
+func (e *engineSim) removeSubtree(w Worker, tier int, c []uint64, a int) {
+	seen := map[uint64]bool{}
+	var gone, keys []uint64
+	for _, d := range e.u.chains {
+		if d[a] != c[a] { // shares no prefix through c[a] (universe hashes are unique per prefix)
+			continue
+		}
+		for _, h := range d[a:] {
+			if !seen[h] && e.holds(w, tier, h) {
+				seen[h] = true
+				gone = append(gone, h)
+				keys = append(keys, e.keys[w][h])
+			}
+		}
+	}
+	e.ix.Remove(w, tier, keys)
+	e.mod.remove(int(w), tier, gone)
+	for _, h := range gone {
+		if e.mod.held[h] == nil || !e.heldOnAnyTier(w, h) {
+			delete(e.keys[w], h)
+		}
+	}
+}
+
+func (e *engineSim) heldOnAnyTier(w Worker, h uint64) bool {
+	for t := range e.mod.tiers {
+		if e.holds(w, t, h) {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *engineSim) clear(w Worker) {
+	e.ix.ClearWorker(w)
+	e.mod.clearWorker(int(w))
+	delete(e.keys, w)
 }
 
 // checkAgainstModel applies a random stream of stores, removes, clears and worker removals to
@@ -106,7 +202,8 @@ func (u *universe) pick(r *rand.Rand) []uint64 {
 // step, plus the entry and block counts. It returns the first disagreement.
 func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 	opts := ix.Options()
-	mod := newModel(opts.Tiers)
+	sim := newEngineSim(ix, u)
+	mod := sim.mod
 	var live []Worker
 	for range 5 {
 		w, err := ix.AddWorker(0)
@@ -120,20 +217,20 @@ func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 		w := live[r.IntN(len(live))]
 		tier := r.IntN(opts.Tiers)
 		switch op := r.IntN(100); {
-		case op < 55:
-			hs := u.pick(r)
-			ix.Store(w, tier, hs)
-			mod.store(int(w), tier, hs)
+		case op < 60:
+			c, a, b := u.pick(r)
+			if err := sim.store(w, tier, c, a, b); err != nil {
+				return fmt.Errorf("step %d: %w", step, err)
+			}
 		case op < 93:
-			hs := u.pick(r)
-			ix.Remove(w, tier, hs)
-			mod.remove(int(w), tier, hs)
+			c, a, _ := u.pick(r)
+			sim.removeSubtree(w, tier, c, a)
 		case op < 97:
-			ix.ClearWorker(w)
-			mod.clearWorker(int(w))
+			sim.clear(w)
 		default:
 			ix.RemoveWorker(w)
 			mod.clearWorker(int(w))
+			delete(sim.keys, w)
 			nw, err := ix.AddWorker(0)
 			if err != nil {
 				return err
@@ -145,8 +242,7 @@ func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 			}
 		}
 		for range 3 {
-			q := u.chains[r.IntN(len(u.chains))]
-			q = q[:1+r.IntN(len(q))]
+			q := u.prefix(r)
 			ix.Match(q, &m)
 			for _, w := range live {
 				for t := range opts.Tiers {
@@ -163,7 +259,56 @@ func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 			return fmt.Errorf("step %d: %d blocks, model %d", step, got, want)
 		}
 	}
+	return checkBlocksExactly(ix, u, mod, nil)
+}
+
+// checkBlocksExactly compares, block by block, who holds what in the index (quiescent) with the
+// model: exactly, or for the workers in capped a subset of the model. Every held block must be
+// reachable through its chain, as a lookup walks it.
+func checkBlocksExactly(ix *Index, u *universe, mod *model, capped map[Worker]bool) error {
+	opts := ix.Options()
+	for _, ch := range u.chains {
+		words := ix.chainWords(ch)
+		for i, ws := range words {
+			for w := range opts.MaxWorkers {
+				wd, bit := bitOf(w)
+				for t := range opts.Tiers {
+					got := ws != nil && ws[t*ix.words+wd]&bit != 0
+					want := mod.held[ch[i]][[2]int{w, t}]
+					if got != want && (!capped[Worker(w)] || got) {
+						return fmt.Errorf("block %d of a chain: worker %d tier %d holds it: index %v, model %v", i, w, t, got, want)
+					}
+				}
+			}
+		}
+	}
 	return nil
+}
+
+// chainWords resolves a chain's keys as Match does (quiescent) and returns each block's mask
+// words, nil for a block not in the index.
+func (ix *Index) chainWords(seqs []uint64) [][]uint64 {
+	out := make([][]uint64, len(seqs))
+	var parent uint64
+	for i, seq := range seqs {
+		key := ChildKey(parent, seq)
+		t := ix.shardOf(key).tab.Load()
+		slot := t.find(key)
+		if slot < 0 && continues(key) {
+			own := OwnKey(seq)
+			if ot := ix.shardOf(own).tab.Load(); ot.find(own) >= 0 {
+				key, t, slot = own, ot, ot.find(own)
+			}
+		}
+		parent = key
+		if slot >= 0 {
+			ws := t.words(slot)
+			for j := range ws {
+				out[i] = append(out[i], ws[j].Load())
+			}
+		}
+	}
+	return out
 }
 
 func modelLayouts() []IndexOptions {
@@ -208,8 +353,9 @@ func TestIndexConcurrentReadersSeeConsistentState(t *testing.T) {
 	pinned, _ := ix.AddWorker(0)
 	pinnedChains := u.chains[:4]
 	for _, c := range pinnedChains {
-		ix.Store(pinned, 0, c)
+		ix.Store(pinned, 0, 0, c, nil)
 	}
+	sim := newEngineSim(ix, u)
 	var others []Worker
 	for range 3 {
 		w, _ := ix.AddWorker(0)
@@ -238,14 +384,14 @@ func TestIndexConcurrentReadersSeeConsistentState(t *testing.T) {
 	}
 	for step := range 4000 {
 		w := others[step%len(others)]
-		hs := u.pick(r)
+		c, a, b := u.pick(r)
 		if r.IntN(2) == 0 {
-			ix.Store(w, 0, hs)
+			require.NoError(t, sim.store(w, 0, c, a, b))
 		} else {
-			ix.Remove(w, 0, hs)
+			sim.removeSubtree(w, 0, c, a)
 		}
 		if step%500 == 499 {
-			ix.ClearWorker(w)
+			sim.clear(w)
 		}
 	}
 	stop.Store(true)
@@ -273,12 +419,18 @@ func TestIndexCapEvictsOwnEntries(t *testing.T) {
 	for range 1000 {
 		all = append(all, r.Uint64())
 	}
-	ix.Store(other, 0, all)
+	// Each hash is a one-block sequence, so each can be looked up alone.
+	storeSingles := func(w Worker, tier int, hs []uint64) {
+		for _, h := range hs {
+			ix.Store(w, tier, 0, []uint64{h}, nil)
+		}
+	}
+	storeSingles(other, 0, all)
 	for i := 0; i < len(all); i += 50 {
-		ix.Store(capped, 0, all[i:i+50])
+		storeSingles(capped, 0, all[i:i+50])
 		require.LessOrEqual(t, ix.Held(capped, 0), int64(100))
 	}
-	ix.Store(capped, 1, all[:30])
+	storeSingles(capped, 1, all[:30])
 	require.Equal(t, int64(100), ix.Held(capped, 0))
 	require.Equal(t, int64(30), ix.Held(capped, 1), "tiers are capped separately")
 	require.Equal(t, int64(1000), ix.Held(other, 0))
@@ -333,7 +485,7 @@ func TestIndexOptionsAndSlots(t *testing.T) {
 	require.Equal(t, Worker(7), w)
 
 	// A sequence hash of 0 is a valid key, not an empty slot.
-	ix.Store(3, 0, []uint64{0, 5})
+	ix.Store(3, 0, 0, []uint64{0, 5}, nil)
 	var m Match
 	ix.Match([]uint64{0, 5}, &m)
 	require.Equal(t, 2, m.Blocks(3, 0))
@@ -387,7 +539,7 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 	pinnedChains := u.chains[:3]
 	pinnedModel := newModel(opts.Tiers)
 	for i, ch := range pinnedChains {
-		ix.Store(pinned, i%opts.Tiers, ch)
+		ix.Store(pinned, i%opts.Tiers, 0, ch, nil)
 		pinnedModel.store(int(pinned), i%opts.Tiers, ch)
 	}
 	registered := int(pinned) + 1
@@ -406,12 +558,14 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 	var capsBit atomic.Bool // an eviction seen by a writer
 	var writers sync.WaitGroup
 	for wi := range c.writers {
-		models[wi] = newModel(opts.Tiers)
 		writers.Add(1)
 		go func() {
 			defer writers.Done()
 			r := rand.New(rand.NewPCG(seed, uint64(wi)))
-			mod := models[wi]
+			sim := newEngineSim(ix, u)
+			sim.capped = c.capacity > 0
+			mod := sim.mod
+			models[wi] = mod
 			mine := slots[wi]
 			cur := 0
 			var m Match
@@ -419,23 +573,24 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 				w := mine[cur]
 				tier := r.IntN(opts.Tiers)
 				switch op := r.IntN(100); {
-				case op < 55:
-					hs := u.pick(r)
-					ix.Store(w, tier, hs)
-					mod.store(int(w), tier, hs)
+				case op < 60:
+					ch, a, b := u.pick(r)
+					if err := sim.store(w, tier, ch, a, b); err != nil {
+						fail(fmt.Errorf("writer %d step %d: %w", wi, step, err))
+						return
+					}
 					if c.capacity > 0 && !capsBit.Load() && ix.Held(w, tier) < mod.held1(int(w), tier) {
 						capsBit.Store(true) // later clears may leave no trace of it by the end
 					}
 				case op < 94:
-					hs := u.pick(r)
-					ix.Remove(w, tier, hs)
-					mod.remove(int(w), tier, hs)
+					ch, a, _ := u.pick(r)
+					sim.removeSubtree(w, tier, ch, a)
 				case op < 98 || cur == len(mine)-1:
-					ix.ClearWorker(w)
-					mod.clearWorker(int(w))
+					sim.clear(w)
 				default:
 					ix.RemoveWorker(w)
 					mod.clearWorker(int(w))
+					delete(sim.keys, w)
 					removed[w].Store(true)
 					cur++
 				}
@@ -486,7 +641,7 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 				if pinnedQuery {
 					q = pinnedChains[r.IntN(len(pinnedChains))]
 				} else {
-					q = u.pick(r)
+					q = u.prefix(r)
 				}
 				for w := range gone {
 					gone[w] = w >= registered || removed[w].Load()
@@ -528,7 +683,7 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 		return errors.New("the readers never got to look anything up")
 	}
 
-	// Quiescent: compare with the union of the models.
+	// Quiescent: compare with the union of the models, block by block and by whole chains.
 	all := newModel(opts.Tiers)
 	for i, ch := range pinnedChains {
 		all.store(int(pinned), i%opts.Tiers, ch)
@@ -540,58 +695,46 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 			}
 		}
 	}
+	capped := map[Worker]bool{}
+	for w := range registered {
+		capped[Worker(w)] = c.capacity > 0 && Worker(w) != pinned
+	}
+	if err := checkBlocksExactly(ix, u, all, capped); err != nil {
+		return fmt.Errorf("after the writers: %w", err)
+	}
 	var m Match
-	var entries int64
-	heldBy := make([]int64, opts.MaxWorkers) // tier 0, counted from Match
-	blocks := int64(0)
-	seen := map[uint64]bool{}
 	for _, ch := range u.chains {
-		// The whole chain and each single block of it.
-		qs := [][]uint64{ch}
-		for i := range ch {
-			qs = append(qs, ch[i:i+1])
-		}
-		for qi, q := range qs {
-			ix.Match(q, &m)
-			single := qi > 0
-			anyHolder := false
-			for w := range registered {
-				for t := range opts.Tiers {
-					got, want := m.Blocks(Worker(w), t), all.blocks(w, t, q)
-					capped := c.capacity > 0 && Worker(w) != pinned
-					if got != want && (!capped || got > want) {
-						return fmt.Errorf("after the writers: worker %d tier %d: index says %d leading blocks of %d, model %d", w, t, got, len(q), want)
-					}
-				}
-				if single && !seen[q[0]] {
-					heldBy[w] += int64(m.Blocks(Worker(w), 0))
-					anyHolder = anyHolder || m.Blocks(Worker(w), opts.Tiers-1) > 0
-				}
-			}
-			if single && !seen[q[0]] {
-				seen[q[0]] = true
-				if anyHolder {
-					blocks++
+		ix.Match(ch, &m)
+		for w := range registered {
+			for t := range opts.Tiers {
+				if got, want := m.Blocks(Worker(w), t), all.blocks(w, t, ch); got != want && (!capped[Worker(w)] || got > want) {
+					return fmt.Errorf("after the writers: worker %d tier %d: index says %d leading blocks of %d, model %d", w, t, got, len(ch), want)
 				}
 			}
 		}
 	}
+	// What the tables hold: every key has a holder, and the counts are the bits.
+	bitsOf, blocks, holderless := ix.tableBits()
+	if holderless != 0 {
+		return fmt.Errorf("after the writers: %d keys in the tables have no holder", holderless)
+	}
+	var entries int64
 	evicted := false
 	for w := range registered {
 		for t := range opts.Tiers {
 			held := ix.Held(Worker(w), t)
 			evicted = evicted || held < all.held1(w, t)
 			entries += held
-			if c.capacity > 0 && Worker(w) != pinned {
+			if held != bitsOf[w][t] {
+				return fmt.Errorf("after the writers: worker %d tier %d: the index counts %d blocks, its tables hold %d", w, t, held, bitsOf[w][t])
+			}
+			if capped[Worker(w)] {
 				if held > c.capacity {
 					return fmt.Errorf("after the writers: worker %d tier %d holds %d blocks, cap %d", w, t, held, c.capacity)
 				}
 			} else if want := all.held1(w, t); held != want {
 				return fmt.Errorf("after the writers: worker %d tier %d: index counts %d blocks, model %d", w, t, held, want)
 			}
-		}
-		if heldBy[w] != ix.Held(Worker(w), 0) {
-			return fmt.Errorf("after the writers: worker %d: Match finds %d blocks on tier 0, the index counts %d", w, heldBy[w], ix.Held(Worker(w), 0))
 		}
 	}
 	if c.capacity > 0 && !evicted && !capsBit.Load() {
@@ -604,12 +747,45 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 		return fmt.Errorf("after the writers: %d entries, model %d", entries, all.entries())
 	}
 	if got := ix.Blocks(); got != blocks {
-		return fmt.Errorf("after the writers: %d blocks, Match finds %d held", got, blocks)
+		return fmt.Errorf("after the writers: %d blocks, the tables hold %d keys with holders", got, blocks)
 	}
 	if c.capacity == 0 && blocks != int64(len(all.held)) {
 		return fmt.Errorf("after the writers: %d blocks, model %d", blocks, len(all.held))
 	}
 	return nil
+}
+
+// tableBits counts, from the tables themselves (quiescent), each worker's entries per tier, the
+// keys, and the keys nobody holds (which must not be there).
+func (ix *Index) tableBits() (bitsOf [][]int64, blocks, holderless int64) {
+	opts := ix.Options()
+	bitsOf = make([][]int64, opts.MaxWorkers)
+	for w := range bitsOf {
+		bitsOf[w] = make([]int64, opts.Tiers)
+	}
+	for i := range ix.shards {
+		t := ix.shards[i].tab.Load()
+		for slot := range t.size() {
+			if t.slots[slot*t.stride].Load() == 0 {
+				continue
+			}
+			any := false
+			ws := t.words(slot)
+			for j := range ws {
+				m := ws[j].Load()
+				tier, word := j/ix.words, j%ix.words
+				for ; m != 0; m &= m - 1 {
+					bitsOf[word*64+bits.TrailingZeros64(m)][tier]++
+					any = true
+				}
+			}
+			if !any {
+				holderless++
+			}
+			blocks++
+		}
+	}
+	return bitsOf, blocks, holderless
 }
 
 // held1 is how many blocks w holds on exactly tier.

@@ -54,14 +54,14 @@ func getFleet() *fleet {
 		sys := make([][]uint64, fleetPrompts)
 		for i := range sys {
 			// Lengths that are no multiple of the key group (keys.go): conversations branch from a
-			// shared prompt mid-group, where their blocks collide in the table.
+			// shared prompt mid-group, where they would all want the same slots.
 			sys[i] = randomHashes(r, fleetSysLen/2+r.IntN(fleetSysLen+1))
 		}
 		f := &fleet{}
 		for range fleetChains {
 			p := sys[r.IntN(fleetPrompts)]
 			c := append(slices.Clone(p), randomHashes(r, fleetLen-len(p))...)
-			f.chains = append(f.chains, ChainKeys(nil, c)) // sequence hashes → index keys
+			f.chains = append(f.chains, c)
 			f.holders = append(f.holders, r.Perm(fleetWorkers)[:fleetHolders])
 		}
 		theFleet = f
@@ -91,7 +91,7 @@ func (f *fleet) build(tb testing.TB) (*Index, *mutexIndex) {
 	base := newMutexIndex()
 	for i, c := range f.chains {
 		for _, w := range f.holders[i] {
-			ix.Store(Worker(w), 0, c)
+			ix.Store(Worker(w), 0, 0, c, nil)
 			base.Store(w, c)
 		}
 	}
@@ -193,8 +193,8 @@ func BenchmarkMatch4K(b *testing.B) {
 	// timed in the same loop. Its p99 is what a shared VM adds to any microsecond operation.
 	small, _ := NewIndex(DefaultIndexOptions())
 	sw, _ := small.AddWorker(0)
-	smallChain := ChainKeys(nil, randomHashes(r, fleetLen))
-	small.Store(sw, 0, smallChain)
+	smallChain := randomHashes(r, fleetLen)
+	small.Store(sw, 0, 0, smallChain, nil)
 	noise := make(latencies, 0, 1<<20)
 	// ns/op counts both lookups and the copy; the per-lookup latencies are what is reported.
 	// (No StopTimer in the loop: it reads memory statistics, which stops the world and evicts
@@ -284,11 +284,12 @@ func checkAgree(b *testing.B, ix *Index, base *mutexIndex, c []uint64) {
 	}
 }
 
-// indexLike is what the event benchmark drives: the index or the baseline.
+// indexLike is what the event benchmark drives: the index or the baseline. store writes to keys
+// what remove takes later.
 type indexLike interface {
-	store(w int, hs []uint64)
-	remove(w int, hs []uint64)
-	match(hs []uint64)
+	store(w int, seqs, keys []uint64)
+	remove(w int, keys []uint64)
+	match(seqs []uint64)
 }
 
 type ixAdapter struct {
@@ -296,18 +297,18 @@ type ixAdapter struct {
 	m  Match
 }
 
-func (a *ixAdapter) store(w int, hs []uint64)  { a.ix.Store(Worker(w), 0, hs) }
-func (a *ixAdapter) remove(w int, hs []uint64) { a.ix.Remove(Worker(w), 0, hs) }
-func (a *ixAdapter) match(hs []uint64)         { a.ix.Match(hs, &a.m) }
+func (a *ixAdapter) store(w int, seqs, keys []uint64) { a.ix.Store(Worker(w), 0, 0, seqs, keys) }
+func (a *ixAdapter) remove(w int, keys []uint64)      { a.ix.Remove(Worker(w), 0, keys) }
+func (a *ixAdapter) match(seqs []uint64)              { a.ix.Match(seqs, &a.m) }
 
 type baseAdapter struct {
 	x   *mutexIndex
 	out [64]int32
 }
 
-func (a *baseAdapter) store(w int, hs []uint64)  { a.x.Store(w, hs) }
-func (a *baseAdapter) remove(w int, hs []uint64) { a.x.Remove(w, hs) }
-func (a *baseAdapter) match(hs []uint64)         { a.x.Match(hs, &a.out) }
+func (a *baseAdapter) store(w int, seqs, keys []uint64) { a.x.Store(w, seqs); copy(keys, seqs) }
+func (a *baseAdapter) remove(w int, keys []uint64)      { a.x.Remove(w, keys) }
+func (a *baseAdapter) match(seqs []uint64)              { a.x.Match(seqs, &a.out) }
 
 // (b) Steady-state churn: 2 writer goroutines (each owning half the workers, so each worker's
 // events stay in order) store new 32-block runs and remove the runs they stored 64 events
@@ -377,14 +378,14 @@ func churn(x indexLike, _ *Index, batches int) (rate float64, lat latencies) {
 				if ring[slot] != nil {
 					x.remove(ringW[slot], ring[slot])
 				}
-				for range eventBatchLen { // a stored run of a new sequence: its index keys
+				seqs = seqs[:0]
+				for range eventBatchLen { // a stored run of a new sequence
 					seqs = append(seqs, r.Uint64())
 				}
-				hs := ChainKeys(ring[slot][:0], seqs)
-				seqs = seqs[:0]
 				w = (w + writers) % fleetWorkers // this writer's workers: g, g+2, g+4, ...
-				x.store(w, hs)
-				ring[slot], ringW[slot] = hs, w
+				ring[slot] = resize(ring[slot], eventBatchLen)
+				x.store(w, seqs, ring[slot])
+				ringW[slot] = w
 			}
 			for slot := range ring { // leave the index as it was
 				x.remove(ringW[slot], ring[slot])

@@ -5,40 +5,60 @@ package router
 // A lookup walks a prompt's blocks in order, and with entries placed by their own hash every
 // block is a cache miss of its own into a table far larger than the caches (a 4K-token prompt:
 // 256 misses, which a core overlaps only about ten at a time). Index keys place the entries of
-// consecutive blocks side by side instead. A sequence's blocks are taken in groups of
-// keyGroup from its first block; a group's home is the low 32 bits of its first block's
-// sequence hash, aligned down to keyGroup, and block j of the group gets home + j. A key is the
-// block's sequence hash with its low 32 bits replaced by that home: the index picks shard and
-// slot from those bits, so a group fills one run of adjacent slots (two cache lines for a
-// one-word, one-tier index) and a 256-block lookup misses about 32 times instead of 256.
+// consecutive blocks side by side instead. Blocks are taken in groups of up to keyGroup; a
+// group's home is the low 32 bits of its first block's sequence hash, aligned down to keyGroup,
+// and the block at position j of the group gets home + j. A key is the block's sequence hash
+// with its low 32 bits replaced by that: the index picks shard and slot from those bits, so a
+// group fills one run of adjacent slots (two cache lines for a one-word, one-tier index: homes
+// are aligned so that a group's slots start a line) and a 256-block lookup misses about 32
+// times instead of 256.
 //
-// A key depends only on the block's chain (its group's first block and its place in the
-// group): a reader computes a prompt's keys from its sequence hashes (ChainKeys), a writer a
-// block's from its parent's key (ChildKey). Identity: two blocks share a key only when their
-// homes and the high 32 bits of their sequence hashes agree. Blocks with the same home
-// continue the same group start at the same offset, so a false match needs a 32-bit collision
-// between such siblings, and costs at worst one overestimated overlap.
+// Branches. Conversations that branch from a shared prefix in the middle of a group would all
+// want the same slots for the rest of that group, and linear probing would line them up one
+// after another for every lookup to scan. So a block that continues a group (its child key) is
+// stored under that key only when no other child key with the same home is in the table (a
+// sibling, whichever came first); otherwise it starts a group of its own (its own key). The
+// index decides this when it first stores a block (Index.Store returns the keys it chose), and
+// a lookup that meets a sibling where a child key would be looks for the block's own key
+// instead (Index.Match walks the chain). The key of a block therefore depends on its parent's
+// key, and a block keeps its key while anybody holds it.
+//
+// Identity: two blocks share a key only when their homes and the high 32 bits of their
+// sequence hashes agree, so a false match needs a 32-bit collision between blocks that want the
+// same slot, and costs at worst one overestimated overlap.
 
 const (
 	keyGroup    = 8 // blocks per group: 8 × 16-byte slots are two cache lines
 	keyHomeMask = 1<<32 - 1
+	keyPosMask  = keyGroup - 1 // a key's position in its group
 )
 
-// ChildKey is the index key of a block with sequence hash seq whose parent block has index key
-// parent; hasParent false means the block starts a sequence.
-func ChildKey(parent uint64, hasParent bool, seq uint64) uint64 {
-	if hasParent && parent&(keyGroup-1) != keyGroup-1 {
-		return seq&^keyHomeMask | (parent+1)&keyHomeMask
+// OwnKey is the key of a block that starts a group: its sequence hash, aligned down to keyGroup.
+func OwnKey(seq uint64) uint64 { return keyOf(seq &^ keyPosMask) }
+
+// ChildKey is the key of a block with sequence hash seq that continues the group of its parent,
+// whose key is parent (0: the block starts a sequence); OwnKey when the parent's group is full
+// or there is no parent.
+func ChildKey(parent, seq uint64) uint64 {
+	if parent != 0 && parent&keyPosMask != keyPosMask {
+		return keyOf(seq&^keyHomeMask | (parent+1)&keyHomeMask)
 	}
-	return seq &^ (keyGroup - 1) // the group's first block: its own low bits, aligned, are the home
+	return OwnKey(seq)
 }
 
-// ChainKeys appends the index keys of a sequence's blocks (sequence hashes, first block
-// first) to dst.
+// keyPos is a key's position in its group.
+func keyPos(key uint64) int { return int(key & keyPosMask) }
+
+// continues reports whether key is a child key continuing a group (not its first block).
+func continues(key uint64) bool { return key&keyPosMask != 0 }
+
+// ChainKeys appends the keys a sequence's blocks (sequence hashes, first block first) have
+// when none of them branched off a sibling: where a lookup looks first, and what a writer
+// tries first.
 func ChainKeys(dst, seqs []uint64) []uint64 {
 	var parent uint64
-	for i, h := range seqs {
-		parent = ChildKey(parent, i > 0, h)
+	for _, h := range seqs {
+		parent = ChildKey(parent, h)
 		dst = append(dst, parent)
 	}
 	return dst

@@ -18,12 +18,14 @@ func TestChainKeysByDefinition(t *testing.T) {
 		home := uint32(seqs[i/8*8]) &^ 7
 		want := seqs[i]&0xffff_ffff_0000_0000 | uint64(home+uint32(i%8))
 		require.Equalf(t, want, k, "block %d", i)
+		require.Equal(t, i%8 != 0, continues(k))
 	}
 	// A writer that knows only the parent's key agrees, from any point of the chain.
 	for i := 1; i < len(seqs); i++ {
-		require.Equal(t, keys[i], ChildKey(keys[i-1], true, seqs[i]))
+		require.Equal(t, keys[i], ChildKey(keys[i-1], seqs[i]))
 	}
-	require.Equal(t, keys[0], ChildKey(12345, false, seqs[0]), "no parent: a new group")
+	require.Equal(t, keys[0], ChildKey(0, seqs[0]), "no parent: a new group")
+	require.Equal(t, keys[8], OwnKey(seqs[8]), "a full group: a new one")
 	// Keys of a prefix are a prefix of the keys.
 	require.Equal(t, keys[:37], ChainKeys(nil, seqs[:37]))
 	// Home arithmetic stays in the low 32 bits: a home of 0xffff_fff8 does not carry upward.
@@ -42,33 +44,44 @@ func TestGroupsShareShardAndRun(t *testing.T) {
 	require.NoError(t, err)
 	w, _ := ix.AddWorker(0)
 	for range 2000 { // fill the tables to a realistic size and load
-		require.Positive(t, ix.Store(w, 0, ChainKeys(nil, randomHashes(r, 64))))
+		require.Positive(t, ix.Store(w, 0, 0, randomHashes(r, 64), nil))
 	}
-	keys := ChainKeys(nil, randomHashes(r, 256))
-	ix.Store(w, 0, keys)
+	seqs := randomHashes(r, 256)
+	keys := make([]uint64, len(seqs))
+	ix.Store(w, 0, 0, seqs, keys)
+	same := 0
+	for i, k := range ChainKeys(nil, seqs) {
+		if k == keys[i] {
+			same++
+		}
+	}
+	require.Greater(t, same, len(seqs)-keyGroup, "keys other than ChainKeys' need a 32-bit collision")
 	far := 0
-	for g := 0; g < len(keys); g += keyGroup {
-		s := ix.shardOf(keyOf(keys[g]))
+	for g := 0; g < len(keys); {
+		s := ix.shardOf(keys[g])
 		tab := s.tab.Load()
-		first := tab.find(keyOf(keys[g]))
+		first := tab.find(keys[g])
 		require.GreaterOrEqual(t, first, 0)
-		for j := g + 1; j < g+keyGroup; j++ {
-			require.Truef(t, s == ix.shardOf(keyOf(keys[j])), "block %d is not in its group's shard", j)
-			slot := tab.find(keyOf(keys[j]))
+		j := g + 1
+		for ; j < len(keys) && continues(keys[j]); j++ {
+			require.Truef(t, s == ix.shardOf(keys[j]), "block %d is not in its group's shard", j)
+			slot := tab.find(keys[j])
 			require.GreaterOrEqual(t, slot, 0)
 			if d := (uint64(slot) - uint64(first)) & tab.mask; d > 2*keyGroup {
 				far++ // pushed along by another group's run: possible, rare
 			}
 		}
+		g = j
 	}
 	require.Less(t, far, len(keys)/8, "blocks far from their group's first block")
 	var m Match
-	ix.Match(keys, &m)
+	ix.Match(seqs, &m)
 	require.Equal(t, len(keys), m.Blocks(w, 0))
 }
 
-// Two groups with the same home: one lands in the slots after the other, so each of its blocks
-// is found beside the block before it (slotHint), and when the first group goes, b is home; lookups are right throughout, on one-word and multi-word indexes.
+// A group pushed from its home by another run is found block after block beside the block
+// before it (slotHint), and when the run ahead goes, it is home; lookups are right throughout,
+// on one-word and multi-word indexes.
 func TestGroupPushedFromHome(t *testing.T) {
 	for _, workers := range []int{64, 128} {
 		r := newRand(t)
@@ -78,33 +91,103 @@ func TestGroupPushedFromHome(t *testing.T) {
 		require.NoError(t, err)
 		wa, _ := ix.AddWorker(0)
 		wb, _ := ix.AddWorker(0)
-		a, b := randomHashes(r, 2*keyGroup), randomHashes(r, 2*keyGroup)
-		b[0] = b[0]&^keyHomeMask | a[0]&keyHomeMask // same home, different block
-		ka, kb := ChainKeys(nil, a), ChainKeys(nil, b)
-		require.Equal(t, ka[0]&keyHomeMask, kb[0]&keyHomeMask)
-		require.NotEqual(t, ka[0], kb[0])
-		ix.Store(wa, 0, ka)
-		ix.Store(wb, 0, kb)
-		tab := ix.shardOf(keyOf(kb[0])).tab.Load()
-		home := int(kb[0] & tab.mask)
-		// Usually b's group; a's when b's wrapped around the table's end and a growth
-		// reinserted b's first.
-		require.True(t, tab.find(keyOf(ka[0])) != home || tab.find(keyOf(kb[0])) != home, "a group is pushed from home")
+		// a fills the 8 slots from its home; x, one block with the same home, lands after them,
+		// in b's home, so b's first group sits one slot on.
+		a, b := randomHashes(r, keyGroup), randomHashes(r, 2*keyGroup)
+		x := []uint64{r.Uint64()&^keyHomeMask | a[0]&keyHomeMask}
+		b[0] = b[0]&^keyHomeMask | uint64(uint32(a[0])&^keyPosMask+keyGroup)
+		ka, kx, kb := make([]uint64, len(a)), make([]uint64, 1), make([]uint64, len(b))
+		ix.Store(wa, 0, 0, a, ka)
+		ix.Store(wa, 0, 0, x, kx)
+		ix.Store(wb, 0, 0, b, kb)
+		require.Equal(t, ChainKeys(nil, a), ka)
+		require.Equal(t, ChainKeys(nil, b), kb)
+		tab := ix.shardOf(kb[0]).tab.Load()
+		home := func(k uint64) int { return int(k & tab.mask) }
+		pushed := false // usually x and b; a's first block when a growth reinserted x first
+		for _, k := range append(append([]uint64{kx[0]}, ka...), kb[:keyGroup]...) {
+			pushed = pushed || tab.find(k) != home(k)
+		}
+		require.True(t, pushed, "a run is pushed from home")
 		var m Match
 		for _, c := range []struct {
-			keys   []uint64
+			seqs   []uint64
 			w      Worker
 			blocks int
-		}{{ka, wa, len(ka)}, {kb, wb, len(kb)}, {kb, wa, 0}, {ka, wb, 0}} {
-			ix.Match(c.keys, &m)
+		}{{a, wa, len(a)}, {x, wa, 1}, {b, wb, len(b)}, {b, wa, 0}, {a, wb, 0}} {
+			ix.Match(c.seqs, &m)
 			require.Equal(t, c.blocks, m.Blocks(c.w, 0))
 		}
 		ix.Remove(wa, 0, ka)
-		tab = ix.shardOf(keyOf(kb[0])).tab.Load()
-		require.Equal(t, int(kb[0]&tab.mask), tab.find(keyOf(kb[0])), "b is home")
-		ix.Match(kb, &m)
-		require.Equal(t, len(kb), m.Blocks(wb, 0))
-		ix.Match(ka, &m)
+		ix.Remove(wa, 0, kx)
+		tab = ix.shardOf(kb[0]).tab.Load()
+		require.Equal(t, home(kb[0]), tab.find(kb[0]), "b is home")
+		ix.Match(b, &m)
+		require.Equal(t, len(b), m.Blocks(wb, 0))
+		ix.Match(a, &m)
 		require.Zero(t, m.Blocks(wa, 0))
+	}
+}
+
+// Conversations that branch from a shared prefix mid-group: the first to arrive continues the
+// group; each later one starts a group of its own instead of queueing behind the others in the
+// same slots, and keeps that key while held, whoever else stores it. Lookups find all of them,
+// before and after the first one goes, on one-word and multi-word indexes.
+func TestSiblingsBranchIntoGroupsOfTheirOwn(t *testing.T) {
+	for _, workers := range []int{64, 128} {
+		r := newRand(t)
+		opts := DefaultIndexOptions()
+		opts.MaxWorkers = workers
+		ix, err := NewIndex(opts)
+		require.NoError(t, err)
+		w, _ := ix.AddWorker(0)
+		other, _ := ix.AddWorker(0)
+		const branch = 3 // blocks of shared prefix: the branch is at position 3 of the group
+		prefix := randomHashes(r, branch)
+		var sibs [][]uint64
+		var keys [][]uint64
+		for range 50 {
+			c := append(append([]uint64(nil), prefix...), randomHashes(r, 2*keyGroup)...)
+			k := make([]uint64, len(c))
+			ix.Store(w, 0, 0, c, k)
+			sibs, keys = append(sibs, c), append(keys, k)
+		}
+		want := ChainKeys(nil, sibs[0])
+		require.Equal(t, want, keys[0], "the first continues the group")
+		for i := 1; i < len(sibs); i++ {
+			require.Equal(t, want[:branch], keys[i][:branch], "the shared prefix has one key")
+			require.Equal(t, OwnKey(sibs[i][branch]), keys[i][branch], "sibling %d starts a group", i)
+			require.Equal(t, ChainKeys(nil, sibs[i][branch:]), keys[i][branch:])
+		}
+		// No run of siblings: the home of the branch block holds one of them.
+		tab := ix.shardOf(want[branch]).tab.Load()
+		require.LessOrEqual(t, tab.find(want[branch])-int(want[branch]&tab.mask), 2*keyGroup)
+
+		var m Match
+		check := func(from int) {
+			t.Helper()
+			for i := from; i < len(sibs); i++ {
+				ix.Match(sibs[i], &m)
+				require.Equal(t, len(sibs[i]), m.Blocks(w, 0), "sibling %d", i)
+			}
+		}
+		check(0)
+		// Another worker storing a sibling gets the key it has.
+		k := make([]uint64, len(sibs[7]))
+		ix.Store(other, 0, 0, sibs[7], k)
+		require.Equal(t, keys[7], k)
+		// The first sibling goes: the others are still found where they are, and the next new
+		// sibling takes the free place in the group.
+		ix.Remove(w, 0, keys[0][branch:])
+		check(1)
+		c := append(append([]uint64(nil), prefix...), randomHashes(r, keyGroup)...)
+		k = make([]uint64, len(c))
+		ix.Store(w, 0, 0, c, k)
+		require.Equal(t, ChainKeys(nil, c), k)
+		check(1)
+		ix.Match(c, &m)
+		require.Equal(t, len(c), m.Blocks(w, 0))
+		ix.Match(sibs[7], &m)
+		require.Equal(t, len(sibs[7]), m.Blocks(other, 0))
 	}
 }

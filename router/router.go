@@ -219,7 +219,6 @@ type Decision struct {
 // scratch is per-call state Decide takes from a pool.
 type scratch struct {
 	hasher         *Hasher
-	keys           []uint64 // the prompt's index keys
 	cached, active Match
 }
 
@@ -241,9 +240,8 @@ func (r *Router) Decide(req Request, d *Decision) error {
 	if err != nil {
 		return err
 	}
-	sc.keys = ChainKeys(sc.keys[:0], hashes)
-	r.ix.Match(sc.keys, &sc.cached)
-	r.slots.ActiveMatch(sc.keys, &sc.active)
+	r.ix.Match(hashes, &sc.cached)
+	r.slots.ActiveMatch(hashes, &sc.active)
 	total := (isl + bs - 1) / bs
 	workers := *r.workers.Load()
 	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), isl, hashes

@@ -56,8 +56,8 @@ func TestDecideCostAndExplanation(t *testing.T) {
 	prompt := tokensN(rnd, 16*10+5) // 10 full blocks and a partial one
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
-	r.Index().Store(r.find("a").slot, 0, ChainKeys(nil, hashes)[:6]) // a caches 6 blocks
-	r.Index().Store(r.find("b").slot, 0, ChainKeys(nil, hashes)[:2])
+	r.Index().Store(r.find("a").slot, 0, 0, hashes[:6], nil) // a caches 6 blocks
+	r.Index().Store(r.find("b").slot, 0, 0, hashes[:2], nil)
 
 	// b already serves a request sharing the first 4 blocks, not yet past prefill.
 	other := append(append([]uint32(nil), prompt[:64]...), tokensN(rnd, 40)...)
@@ -105,7 +105,7 @@ func TestEncodeWaitHidesBacklog(t *testing.T) {
 	prompt := tokensN(rnd, 16*20) // 20 blocks
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
-	r.Index().Store(r.find("a").slot, 0, ChainKeys(nil, hashes))
+	r.Index().Store(r.find("a").slot, 0, 0, hashes, nil)
 	busy, err := decide(r, Request{Tokens: tokensN(rnd, 16*14)})
 	require.NoError(t, err)
 	require.NoError(t, r.Start("busy", busy, "a", time.Now()))
@@ -212,10 +212,10 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	require.Equal(t, int64(68), prefill)
 	require.Equal(t, int64(2), reqs)
 	var m Match
-	s.ActiveMatch(ChainKeys(nil, a), &m)
+	s.ActiveMatch(a, &m)
 	require.Equal(t, 3, m.Blocks(1, 0))
 	require.True(t, s.Finish("a"))
-	s.ActiveMatch(ChainKeys(nil, a), &m)
+	s.ActiveMatch(a, &m)
 	require.Equal(t, 2, m.Blocks(1, 0), "block 3 was only a's")
 	require.Equal(t, 0, s.Expire(t0.Add(time.Minute)))
 	require.Equal(t, 1, s.Expire(t0.Add(time.Minute+time.Second)))

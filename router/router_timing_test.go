@@ -65,12 +65,12 @@ func BenchmarkDecide4K(b *testing.B) {
 		}
 		hs, _ := h.Sequence(nil, p, HashSeed, nil)
 		for _, w := range rnd.Perm(64)[:4] {
-			r.Index().Store(r.find(names[w]).slot, 0, ChainKeys(nil, hs))
+			r.Index().Store(r.find(names[w]).slot, 0, 0, hs, nil)
 		}
 		prompts = append(prompts, p)
 	}
 	var m Match
-	var hs, ks []uint64
+	var hs []uint64
 	var d Decision
 	var decide, parts time.Duration
 	for i := 0; b.Loop(); i++ {
@@ -81,8 +81,7 @@ func BenchmarkDecide4K(b *testing.B) {
 		}
 		t1 := time.Now()
 		hs, _ = h.Sequence(hs[:0], p, HashSeed, nil)
-		ks = ChainKeys(ks[:0], hs)
-		r.Index().Match(ks, &m)
+		r.Index().Match(hs, &m)
 		parts += time.Since(t1)
 		decide += t1.Sub(t0)
 	}

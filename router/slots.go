@@ -2,13 +2,14 @@ package router
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // Slots tracks each worker's load from the request lifecycle the router sees: blocks in use by
-// requests in flight, ref-counted by block (index key, keys.go) so a prefix shared by many
+// requests in flight, ref-counted by block (sequence hash) so a prefix shared by many
 // requests counts once, and prefill tokens not yet computed (dropped at the first output token). It is the
 // router's own view: authoritative for what the router sent, blind to traffic that bypassed it.
 //
@@ -23,7 +24,7 @@ type Slots struct {
 	loads  []workerLoad
 
 	mu    sync.Mutex
-	refs  map[refKey]int32
+	refs  map[refKey]blockRef
 	reqs  map[string]*slotRequest
 	order []string // request ids in start order, for expiry (may hold finished ids)
 	buf   []uint64
@@ -40,9 +41,15 @@ type refKey struct {
 	worker Worker
 }
 
+// blockRef counts a worker's requests using a block and remembers the block's index key.
+type blockRef struct {
+	n   int32
+	key uint64
+}
+
 type slotRequest struct {
 	worker  Worker
-	keys    []uint64 // the prompt's full blocks, as index keys
+	seqs    []uint64 // the prompt's full blocks (sequence hashes)
 	private int      // blocks of the request nobody else can share (a partial last block)
 	prefill int64
 	started time.Time
@@ -63,7 +70,7 @@ func NewSlots(maxWorkers, blockSize int, ttl time.Duration, maxRequests int) (*S
 		return nil, err
 	}
 	return &Slots{blockSize: blockSize, ttl: ttl, max: max(maxRequests, 1), active: ix,
-		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: map[refKey]int32{}, reqs: map[string]*slotRequest{}}, nil
+		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: map[refKey]blockRef{}, reqs: map[string]*slotRequest{}}, nil
 }
 
 // Load is a worker's current load: distinct active blocks, outstanding prefill tokens and
@@ -74,8 +81,8 @@ func (s *Slots) Load(w Worker) (blocks, prefillTokens, requests int64) {
 }
 
 // ActiveMatch reports, per worker, how many leading blocks of a prompt are already in use there;
-// keys are the prompt's index keys (ChainKeys of its sequence hashes).
-func (s *Slots) ActiveMatch(keys []uint64, m *Match) { s.active.Match(keys, m) }
+// seqs are the prompt's sequence hashes.
+func (s *Slots) ActiveMatch(seqs []uint64, m *Match) { s.active.Match(seqs, m) }
 
 // Start records a request sent to worker w: its full-block sequence hashes, its prompt length
 // (the partial last block counts as one unshared block) and the prompt tokens the worker must
@@ -91,21 +98,37 @@ func (s *Slots) Start(id string, w Worker, hashes []uint64, promptTokens int, pr
 		s.order = s.order[1:]
 	}
 	total := (promptTokens + s.blockSize - 1) / s.blockSize
-	req := &slotRequest{worker: w, keys: ChainKeys(make([]uint64, 0, len(hashes)), hashes), private: max(total-len(hashes), 0),
+	req := &slotRequest{worker: w, seqs: slices.Clone(hashes), private: max(total-len(hashes), 0),
 		prefill: int64(max(prefillTokens, 0)), started: now}
 	s.reqs[id] = req
 	s.order = append(s.order, id)
-	fresh := s.buf[:0]
-	for _, h := range req.keys {
-		k := refKey{h, w}
-		if s.refs[k]++; s.refs[k] == 1 {
-			fresh = append(fresh, h)
+	fresh := 0
+	var parent uint64 // the key of the block before i
+	for i := 0; i < len(hashes); {
+		if ref, ok := s.refs[refKey{hashes[i], w}]; ok {
+			ref.n++
+			s.refs[refKey{hashes[i], w}] = ref
+			parent = ref.key
+			i++
+			continue
 		}
+		// A run of blocks no other request on w uses: stored together, after their parent.
+		j := i + 1
+		for j < len(hashes) {
+			if _, ok := s.refs[refKey{hashes[j], w}]; ok {
+				break
+			}
+			j++
+		}
+		keys := resize(s.buf, j-i)
+		fresh += s.active.Store(w, 0, parent, hashes[i:j], keys)
+		for k, key := range keys {
+			s.refs[refKey{hashes[i+k], w}] = blockRef{n: 1, key: key}
+		}
+		parent, s.buf, i = keys[len(keys)-1], keys, j
 	}
-	s.active.Store(w, 0, fresh)
-	s.buf = fresh
 	l := &s.loads[w]
-	l.blocks.Add(int64(len(fresh) + req.private))
+	l.blocks.Add(int64(fresh + req.private))
 	l.prefill.Add(req.prefill)
 	l.reqs.Add(1)
 	return nil
@@ -136,11 +159,16 @@ func (s *Slots) finishLocked(id string) bool {
 	}
 	delete(s.reqs, id)
 	gone := s.buf[:0]
-	for _, h := range req.keys {
+	for _, h := range req.seqs {
 		k := refKey{h, req.worker}
-		if s.refs[k]--; s.refs[k] <= 0 {
+		if ref, ok := s.refs[k]; !ok {
+			continue // only a 64-bit hash collision within one prompt gets here
+		} else if ref.n <= 1 {
 			delete(s.refs, k)
-			gone = append(gone, h)
+			gone = append(gone, ref.key)
+		} else {
+			ref.n--
+			s.refs[k] = ref
 		}
 	}
 	s.active.Remove(req.worker, 0, gone)

@@ -44,8 +44,9 @@ const (
 	minSlots = 2 * keyGroup
 	// maxLoadNum/maxLoadDen is the load that triggers growth; a table shrinks to half below 1/8.
 	maxLoadNum, maxLoadDen = 13, 16
-	// zeroKey stands in for a sequence hash of 0, since key 0 marks an empty slot.
-	zeroKey = 0x9e3779b97f4a7c15
+	// zeroKey stands in for a key of 0, since key 0 marks an empty slot (aligned: it can only
+	// come from OwnKey).
+	zeroKey = 0x9e3779b97f4a7c10
 )
 
 func keyOf(h uint64) uint64 {
@@ -61,20 +62,46 @@ func newTable(slots, stride int) *table {
 
 func (t *table) size() int { return int(t.mask) + 1 }
 
-// find returns the slot index holding key, or -1.
+// find returns the slot index holding key, or -1. A child key (keys.go) is stored only where no
+// other child key has its home, so there is at most one such key, in its probe run: the search
+// for a child key stops at the first.
 func (t *table) find(key uint64) int {
 	st := t.stride
+	cont := continues(key)
 	for i, n := key&t.mask, 0; n <= int(t.mask); i, n = (i+1)&t.mask, n+1 {
 		k := t.slots[int(i)*st].Load()
 		if k == key {
 			return int(i)
 		}
-		if k == 0 {
+		if k == 0 || cont && sibling(k, key) {
 			return -1
 		}
 	}
 	return -1
 }
+
+// findChild is find for a child key that also reports why it is absent: blocked, when a sibling
+// stands where it would go.
+func (t *table) findChild(key uint64) (slot int, blocked bool) {
+	st := t.stride
+	for i, n := key&t.mask, 0; n <= int(t.mask); i, n = (i+1)&t.mask, n+1 {
+		k := t.slots[int(i)*st].Load()
+		if k == key {
+			return int(i), false
+		}
+		if k == 0 {
+			return -1, false
+		}
+		if sibling(k, key) {
+			return -1, true
+		}
+	}
+	return -1, false
+}
+
+// sibling reports whether k, a key in the table, is a child key with the same home as child key
+// key: where key would go, another block is (keys.go).
+func sibling(k, key uint64) bool { return (k^key)&keyHomeMask == 0 && continues(k) }
 
 // slotHint is where a lookup found the previous block of a prompt: its table and slot (-1: not
 // found). Blocks after the first of a group (keys.go) usually sit in the next slot, however far
@@ -87,7 +114,7 @@ type slotHint struct {
 
 // next is the slot the hint suggests for key in t, or -1.
 func (h slotHint) next(t *table, key uint64) int {
-	if h.t != t || h.slot < 0 || key&(keyGroup-1) == 0 {
+	if h.t != t || h.slot < 0 || !continues(key) {
 		return -1
 	}
 	return (h.slot + 1) & int(t.mask)
@@ -224,10 +251,21 @@ func (s *shard) read1(key uint64) uint64 {
 func (s *shard) setBit(key uint64, word int, bit uint64) bool {
 	t := s.tab.Load()
 	if i := t.find(key); i >= 0 {
-		w := &t.words(i)[word]
-		old := w.Or(bit)
-		return old&bit == 0
+		return s.setAt(t, i, word, bit)
 	}
+	s.insert(key, word, bit)
+	return true
+}
+
+// setAt sets holder bit (word, bit) of slot i and reports whether it was newly set.
+func (s *shard) setAt(t *table, i, word int, bit uint64) bool {
+	old := t.words(i)[word].Or(bit)
+	return old&bit == 0
+}
+
+// insert adds key (known absent) held by bit (word, bit), growing the table first if needed.
+func (s *shard) insert(key uint64, word int, bit uint64) {
+	t := s.tab.Load()
 	if (int(t.used.Load())+1)*maxLoadDen > t.size()*maxLoadNum {
 		t = s.swap(t.rebuilt(t.size() * 2))
 	}
@@ -235,7 +273,6 @@ func (s *shard) setBit(key uint64, word int, bit uint64) bool {
 	clear(masks)
 	masks[word] = bit
 	t.insertNew(key, masks)
-	return true
 }
 
 // clearBit clears holder bit (word, bit) of key and deletes the key when no bit is left. It

@@ -224,7 +224,7 @@ func newZMQRig(t *testing.T) *zmqRig {
 // overlap is how many leading blocks of c the worker holds, by the index.
 func (g *zmqRig) overlap(c *convo) int {
 	var m Match
-	g.ix.Match(ChainKeys(nil, c.ours), &m)
+	g.ix.Match(c.ours, &m)
 	return m.Blocks(g.w, 0)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,16 +40,21 @@ func multimodalWorkload(r *rand.Rand, n int, start time.Duration, got outputs) [
 	return arr
 }
 
-// blockKeys learns the index key (router/keys.go) of every block the engines store from the
-// batches they publish: a key depends on the block's chain, which the engine's cache does not
-// keep. The engines name blocks by our sequence hashes, so the keys can be derived here
-// independently of the router's feed. Safe for concurrent use (fleet loops publish at once).
-type blockKeys struct {
-	mu   sync.Mutex
-	keys map[uint64]uint64 // sequence hash → index key; never shrinks (tests are small)
+// blockChains learns every stored block's chain (its sequence's blocks up to it) from the
+// batches the engines publish, independently of the router's feed: the router is then asked
+// about whole chains, as a request asks it. The engines name blocks by our sequence hashes.
+// Safe for concurrent use (fleet loops publish at once).
+type blockChains struct {
+	mu     sync.Mutex
+	parent map[uint64]parentOf // never shrinks (tests are small)
 }
 
-func (k *blockKeys) record(t *testing.T, payload []byte) {
+type parentOf struct {
+	hash uint64
+	ok   bool // false: the block starts a sequence
+}
+
+func (k *blockChains) record(t *testing.T, payload []byte) {
 	var b router.Batch
 	if err := router.DecodeBatch(payload, &b); err != nil {
 		t.Errorf("published batch does not decode: %v", err) // not FailNow: may run off the test goroutine
@@ -56,23 +62,39 @@ func (k *blockKeys) record(t *testing.T, payload []byte) {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.keys == nil {
-		k.keys = map[uint64]uint64{}
+	if k.parent == nil {
+		k.parent = map[uint64]parentOf{}
 	}
 	for _, ev := range b.Events {
 		if ev.Kind != router.BlockStored {
 			continue
 		}
-		parent, hasParent := k.keys[ev.Parent], ev.HasParent
-		if _, known := k.keys[ev.Parent]; hasParent && !known {
+		p := parentOf{ev.Parent, ev.HasParent}
+		if _, known := k.parent[ev.Parent]; p.ok && !known {
 			t.Errorf("BlockStored names parent %#x that was never stored", ev.Parent)
 			return
 		}
 		for _, h := range ev.Hashes {
-			parent = router.ChildKey(parent, hasParent, h)
-			hasParent = true
-			k.keys[h] = parent
+			k.parent[h] = p
+			p = parentOf{h, true}
 		}
+	}
+}
+
+// chain is the sequence of blocks ending with h, first block first; ok false if h was never
+// published. Call with k.mu held.
+func (k *blockChains) chain(h uint64) (c []uint64, ok bool) {
+	for {
+		p, known := k.parent[h]
+		if !known {
+			return nil, false
+		}
+		c = append(c, h)
+		if !p.ok {
+			slices.Reverse(c)
+			return c, true
+		}
+		h = p.hash
 	}
 }
 
@@ -84,18 +106,26 @@ func cached(e *Engine) []uint64 {
 }
 
 // sameCache asserts that the router holds, for the engine's worker, exactly the blocks the
-// engine's KV cache holds (blocks, from cached): each engine block is matched by the router, and
-// the router's count of the worker's blocks is the engine's count.
-func sameCache(t *testing.T, r *router.Router, slot router.Worker, blocks []uint64, k *blockKeys) {
+// engine's KV cache holds (blocks, from cached): the engine holds each cached block's whole
+// chain (it evicts a sequence from its tail), the router matches every such chain in full for
+// the worker, and the router's count of the worker's blocks is the engine's count.
+func sameCache(t *testing.T, r *router.Router, slot router.Worker, blocks []uint64, k *blockChains) {
 	t.Helper()
 	var m router.Match
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	inCache := map[uint64]bool{}
 	for _, h := range blocks {
-		key, ok := k.keys[h]
+		inCache[h] = true
+	}
+	for _, h := range blocks {
+		c, ok := k.chain(h)
 		require.True(t, ok, "block %#x is in the engine's cache but was never published", h)
-		r.Index().Match([]uint64{key}, &m)
-		require.Equal(t, 1, m.Blocks(slot, 0), "block %#x is in the engine's cache but not the router's", h)
+		for _, a := range c {
+			require.True(t, inCache[a], "the engine holds block %#x but not %#x before it", h, a)
+		}
+		r.Index().Match(c, &m)
+		require.Equal(t, len(c), m.Blocks(slot, 0), "block %#x is in the engine's cache but not the router's", h)
 	}
 	require.EqualValues(t, len(blocks), r.Index().Held(slot, 0), "router blocks for the worker")
 	require.NotEmpty(t, blocks)
@@ -116,7 +146,7 @@ func TestEventsRebuildCacheInRouter(t *testing.T) {
 		opts := DefaultOptions()
 		opts.Name, opts.Blocks, opts.MapEvents, opts.Seed = "e", 120, maps, seed
 		var batches int
-		var keys blockKeys
+		var keys blockChains
 		e, err := NewEngine(opts, PublisherFunc(func(worker string, seq uint64, payload []byte) {
 			keys.record(t, payload)
 			require.Equal(t, "e", worker)
@@ -187,7 +217,7 @@ func TestEventsOverZMQ(t *testing.T) {
 	// of its own, and on a loaded machine a subscriber may connect before that queue drains.)
 	var lossy atomic.Bool
 	lossy.Store(true)
-	var keys blockKeys
+	var keys blockChains
 	e, err := NewEngine(opts, PublisherFunc(func(w string, seq uint64, p []byte) {
 		keys.record(t, p)
 		if lossy.Load() {
@@ -249,7 +279,7 @@ func TestEventsOverNATS(t *testing.T) {
 	fo.Clock = Clock{Speedup: 50}
 	pub := NewNATSPublisher(nc, "")
 	var published atomic.Int64
-	var keys blockKeys
+	var keys blockChains
 	fo.Publisher = PublisherFunc(func(w string, seq uint64, p []byte) {
 		keys.record(t, p)
 		published.Add(1)

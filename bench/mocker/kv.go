@@ -10,7 +10,8 @@ import "fmt"
 //
 //	Use      reference full blocks: active → ref+1; inactive → active; absent → allocate
 //	         (evicting the least recently used inactive block if the cache is full), Stored
-//	Deref    drop a reference; the last one moves the block to the inactive LRU (still cached)
+//	Deref    drop a reference, last block first; the last one moves the block to the inactive
+//	         LRU (still cached), so children are evicted before their parents
 //	Destroy  free a request's partial blocks
 //	Promote  a partial block that filled up becomes a full block with its hash, Stored
 //
@@ -167,10 +168,13 @@ func (kv *KV) Promote(hash, parent uint64, block int) {
 	kv.obs.Stored(hash, parent, block)
 }
 
-// Deref drops one reference to each block; a block nobody references becomes the most
-// recently used inactive block.
+// Deref drops one reference to each block of a sequence, its last block first: a block nobody
+// references becomes the most recently used inactive block, so a sequence's tail is evicted
+// before its head, never a block before the blocks after it (vLLM's KVCacheManager.free: "We
+// free the blocks in reverse order so that the tail blocks are evicted first").
 func (kv *KV) Deref(hashes []uint64) {
-	for _, h := range hashes {
+	for i := len(hashes) - 1; i >= 0; i-- {
+		h := hashes[i]
 		s, ok := kv.index[h]
 		if !ok || kv.slots[s].refs <= 0 {
 			panic(fmt.Sprintf("mocker: Deref of block %#x that is not active", h)) // an engine bug

@@ -54,7 +54,7 @@ func (m *kvModel) use(hashes []uint64) (int, bool) {
 }
 
 func (m *kvModel) deref(hashes []uint64) {
-	for _, h := range hashes {
+	for _, h := range slices.Backward(hashes) {
 		if m.refs[h]--; m.refs[h] == 0 {
 			m.lru = append(m.lru, h)
 		}
@@ -137,6 +137,20 @@ func TestKVAgainstModel(t *testing.T) {
 		require.Equal(t, m.stored, rec.stored, "round %d: stored blocks", round)
 		require.Equal(t, m.evicted, rec.evicted, "round %d: evicted blocks (LRU order)", round)
 	}
+}
+
+// A finished sequence is evicted from its tail, as vLLM does, so the cache never holds a block
+// without the blocks before it (the router's index relies on it: router/keys.go).
+func TestKVEvictsTailFirst(t *testing.T) {
+	var rec recorder
+	kv := NewKV(4, &rec)
+	_, err := kv.Use([]uint64{1, 2, 3}, 0)
+	require.NoError(t, err)
+	kv.Deref([]uint64{1, 2, 3})
+	_, err = kv.Use([]uint64{7, 8, 9}, 0)
+	require.NoError(t, err)
+	require.Equal(t, []uint64{3, 2}, rec.evicted)
+	require.True(t, kv.Cached(1))
 }
 
 // The full cache refuses a block only when nothing inactive is left to evict.
