@@ -79,18 +79,24 @@ func TestGroupsShareShardAndRun(t *testing.T) {
 	require.Equal(t, len(keys), m.Blocks(w, 0))
 }
 
+// twoWorkerIndex is a default index for maxWorkers workers with two of them registered.
+func twoWorkerIndex(t *testing.T, maxWorkers int) (*Index, Worker, Worker) {
+	opts := DefaultIndexOptions()
+	opts.MaxWorkers = maxWorkers
+	ix, err := NewIndex(opts)
+	require.NoError(t, err)
+	a, _ := ix.AddWorker(0)
+	b, _ := ix.AddWorker(0)
+	return ix, a, b
+}
+
 // A group pushed from its home by another run is found block after block beside the block
 // before it (slotHint), and when the run ahead goes, it is home; lookups are right throughout,
 // on one-word and multi-word indexes.
 func TestGroupPushedFromHome(t *testing.T) {
 	for _, workers := range []int{64, 128} {
 		r := newRand(t)
-		opts := DefaultIndexOptions()
-		opts.MaxWorkers = workers
-		ix, err := NewIndex(opts)
-		require.NoError(t, err)
-		wa, _ := ix.AddWorker(0)
-		wb, _ := ix.AddWorker(0)
+		ix, wa, wb := twoWorkerIndex(t, workers)
 		// a fills the 8 slots from its home; x, one block with the same home, lands after them,
 		// in b's home, so b's first group sits one slot on.
 		a, b := randomHashes(r, keyGroup), randomHashes(r, 2*keyGroup)
@@ -136,12 +142,7 @@ func TestGroupPushedFromHome(t *testing.T) {
 func TestSiblingsBranchIntoGroupsOfTheirOwn(t *testing.T) {
 	for _, workers := range []int{64, 128} {
 		r := newRand(t)
-		opts := DefaultIndexOptions()
-		opts.MaxWorkers = workers
-		ix, err := NewIndex(opts)
-		require.NoError(t, err)
-		w, _ := ix.AddWorker(0)
-		other, _ := ix.AddWorker(0)
+		ix, w, other := twoWorkerIndex(t, workers)
 		const branch = 3 // blocks of shared prefix: the branch is at position 3 of the group
 		prefix := randomHashes(r, branch)
 		var sibs [][]uint64
