@@ -208,7 +208,8 @@ func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) i
 // parent, and returns the block's key and whether the bit was newly set. A block that would
 // continue its parent's group goes there unless a sibling holds that place; then it starts a
 // group of its own (keys.go). Both candidate shards are locked for the decision (in shard
-// order, the only place two are held), so a block never has both keys at once.
+// order, the only place two are held; TryLock out of order, else both again in order), so a
+// block never has both keys at once.
 func (ix *Index) store1(parent, seq uint64, word int, bit uint64) (uint64, bool) {
 	ck := ChildKey(parent, seq)
 	sc := ix.shardOf(ck)
@@ -217,22 +218,29 @@ func (ix *Index) store1(parent, seq uint64, word int, bit uint64) (uint64, bool)
 		defer sc.mu.Unlock()
 		return ck, sc.setBit(ck, word, bit)
 	}
-	own := OwnKey(seq)
-	so := ix.shardOf(own)
-	first, second := sc, so
-	if uintptr(unsafe.Pointer(so)) < uintptr(unsafe.Pointer(sc)) {
-		first, second = so, sc
-	}
-	first.mu.Lock()
-	defer first.mu.Unlock()
-	if second != first {
-		second.mu.Lock()
-		defer second.mu.Unlock()
-	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
 	t := sc.tab.Load()
 	i, blocked := t.findChild(ck)
-	if i >= 0 {
+	if i >= 0 { // the block is there: the common case for a block stored before
 		return ck, sc.setAt(t, i, word, bit)
+	}
+	own := OwnKey(seq)
+	so := ix.shardOf(own)
+	if so != sc {
+		if uintptr(unsafe.Pointer(so)) > uintptr(unsafe.Pointer(sc)) {
+			so.mu.Lock()
+		} else if !so.mu.TryLock() { // take both in shard order and look again
+			sc.mu.Unlock()
+			so.mu.Lock()
+			sc.mu.Lock()
+			t = sc.tab.Load()
+			if i, blocked = t.findChild(ck); i >= 0 {
+				so.mu.Unlock()
+				return ck, sc.setAt(t, i, word, bit)
+			}
+		}
+		defer so.mu.Unlock()
 	}
 	to := so.tab.Load()
 	if j := to.find(own); j >= 0 {

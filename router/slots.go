@@ -24,7 +24,7 @@ type Slots struct {
 	loads  []workerLoad
 
 	mu    sync.Mutex
-	refs  map[refKey]blockRef
+	refs  map[refKey]int32
 	reqs  map[string]*slotRequest
 	order []string // request ids in start order, for expiry (may hold finished ids)
 	buf   []uint64
@@ -41,15 +41,10 @@ type refKey struct {
 	worker Worker
 }
 
-// blockRef counts a worker's requests using a block and remembers the block's index key.
-type blockRef struct {
-	n   int32
-	key uint64
-}
-
 type slotRequest struct {
 	worker  Worker
 	seqs    []uint64 // the prompt's full blocks (sequence hashes)
+	keys    []uint64 // and their index keys
 	private int      // blocks of the request nobody else can share (a partial last block)
 	prefill int64
 	started time.Time
@@ -70,7 +65,7 @@ func NewSlots(maxWorkers, blockSize int, ttl time.Duration, maxRequests int) (*S
 		return nil, err
 	}
 	return &Slots{blockSize: blockSize, ttl: ttl, max: max(maxRequests, 1), active: ix,
-		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: map[refKey]blockRef{}, reqs: map[string]*slotRequest{}}, nil
+		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: map[refKey]int32{}, reqs: map[string]*slotRequest{}}, nil
 }
 
 // Load is a worker's current load: distinct active blocks, outstanding prefill tokens and
@@ -102,30 +97,12 @@ func (s *Slots) Start(id string, w Worker, hashes []uint64, promptTokens int, pr
 		prefill: int64(max(prefillTokens, 0)), started: now}
 	s.reqs[id] = req
 	s.order = append(s.order, id)
-	fresh := 0
-	var parent uint64 // the key of the block before i
-	for i := 0; i < len(hashes); {
-		if ref, ok := s.refs[refKey{hashes[i], w}]; ok {
-			ref.n++
-			s.refs[refKey{hashes[i], w}] = ref
-			parent = ref.key
-			i++
-			continue
-		}
-		// A run of blocks no other request on w uses: stored together, after their parent.
-		j := i + 1
-		for j < len(hashes) {
-			if _, ok := s.refs[refKey{hashes[j], w}]; ok {
-				break
-			}
-			j++
-		}
-		keys := resize(s.buf, j-i)
-		fresh += s.active.Store(w, 0, parent, hashes[i:j], keys)
-		for k, key := range keys {
-			s.refs[refKey{hashes[i+k], w}] = blockRef{n: 1, key: key}
-		}
-		parent, s.buf, i = keys[len(keys)-1], keys, j
+	// Storing the whole chain gives every block's key (those in use already keep theirs) and sets
+	// w's bit on the blocks no request of w used yet: exactly those whose count becomes 1.
+	req.keys = make([]uint64, len(hashes))
+	fresh := s.active.Store(w, 0, 0, hashes, req.keys)
+	for _, h := range hashes {
+		s.refs[refKey{h, w}]++
 	}
 	l := &s.loads[w]
 	l.blocks.Add(int64(fresh + req.private))
@@ -159,16 +136,11 @@ func (s *Slots) finishLocked(id string) bool {
 	}
 	delete(s.reqs, id)
 	gone := s.buf[:0]
-	for _, h := range req.seqs {
+	for i, h := range req.seqs {
 		k := refKey{h, req.worker}
-		if ref, ok := s.refs[k]; !ok {
-			continue // only a 64-bit hash collision within one prompt gets here
-		} else if ref.n <= 1 {
+		if s.refs[k]--; s.refs[k] <= 0 {
 			delete(s.refs, k)
-			gone = append(gone, ref.key)
-		} else {
-			ref.n--
-			s.refs[k] = ref
+			gone = append(gone, req.keys[i])
 		}
 	}
 	s.active.Remove(req.worker, 0, gone)
