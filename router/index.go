@@ -172,25 +172,24 @@ func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) i
 	word, bit := bitOf(int(w))
 	word += tier * ix.words
 	added := 0
-	var ahead, owns [matchRun]uint64
+	var ahead [matchRun]uint64
 	var addrs [2 * matchRun]uintptr
+	var last stored
 	for i, seq := range seqs {
-		if i%matchRun == 0 {
-			// Prefetch where the next blocks go if nothing branched, and where those that
-			// continue a group would start their own (store1 looks there too).
-			p, owns := parent, owns[:0]
+		if i%matchRun == 0 { // prefetch where the next blocks go if nothing branched
+			p := parent
 			n := min(matchRun, len(seqs)-i)
 			for j := range n {
 				p = ChildKey(p, seqs[i+j])
 				ahead[j] = p
-				if continues(p) {
-					owns = append(owns, OwnKey(seqs[i+j]))
-				}
 			}
 			ix.prefetchSlots(ahead[:n], addrs[:0])
-			ix.prefetchHomes(owns, addrs[:0])
+			if i == 0 && continues(ahead[0]) { // the first block may need its own key looked at
+				ix.prefetchHomes([]uint64{OwnKey(seq)}, addrs[:0])
+			}
 		}
-		key, isNew := ix.store1(parent, seq, word, bit)
+		key, isNew, st := ix.store1(parent, seq, last, word, bit)
+		last = st
 		if isNew {
 			added++
 		}
@@ -204,26 +203,39 @@ func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) i
 	return added
 }
 
+// stored is what Store knows about the block it stored last, for the next: whether the block
+// was new (its key created by this store) and its shard's redirect count then.
+type stored struct {
+	created   bool
+	redirects uint64
+}
+
 // store1 sets holder bit (word, bit) of the block with sequence hash seq whose parent has key
-// parent, and returns the block's key and whether the bit was newly set. A block that would
-// continue its parent's group goes there unless a sibling holds that place; then it starts a
-// group of its own (keys.go). Both candidate shards are locked for the decision (in shard
-// order, the only place two are held; TryLock out of order, else both again in order), so a
-// block never has both keys at once.
-func (ix *Index) store1(parent, seq uint64, word int, bit uint64) (uint64, bool) {
+// parent (prev: what storing the parent found) and returns the block's key, whether the bit was
+// newly set, and what the next block needs to know. A block that would continue its parent's
+// group goes there unless a sibling holds that place; then it starts a group of its own
+// (keys.go). A block never has both keys at once: deciding needs both candidate shards locked
+// (in shard order, the only place two are held; TryLock out of order, else both again in
+// order), except where the parent was created by this very store and no block of the shard has
+// gone to its own key since. Then the block cannot have an own key (it would have needed the
+// parent to get one), and a new block in a new sequence costs one lock and one probe.
+func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (uint64, bool, stored) {
 	ck := ChildKey(parent, seq)
 	sc := ix.shardOf(ck)
-	if !continues(ck) {
-		sc.mu.Lock()
-		defer sc.mu.Unlock()
-		return ck, sc.setBit(ck, word, bit)
-	}
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
+	if !continues(ck) {
+		added, created := sc.setBit(ck, word, bit)
+		return ck, added, stored{created, sc.redirects}
+	}
 	t := sc.tab.Load()
 	i, blocked := t.findChild(ck)
 	if i >= 0 { // the block is there: the common case for a block stored before
-		return ck, sc.setAt(t, i, word, bit)
+		return ck, sc.setAt(t, i, word, bit), stored{}
+	}
+	if !blocked && prev.created && prev.redirects == sc.redirects {
+		sc.insert(ck, word, bit)
+		return ck, true, stored{true, sc.redirects}
 	}
 	own := OwnKey(seq)
 	so := ix.shardOf(own)
@@ -237,21 +249,22 @@ func (ix *Index) store1(parent, seq uint64, word int, bit uint64) (uint64, bool)
 			t = sc.tab.Load()
 			if i, blocked = t.findChild(ck); i >= 0 {
 				so.mu.Unlock()
-				return ck, sc.setAt(t, i, word, bit)
+				return ck, sc.setAt(t, i, word, bit), stored{}
 			}
 		}
 		defer so.mu.Unlock()
 	}
 	to := so.tab.Load()
 	if j := to.find(own); j >= 0 {
-		return own, so.setAt(to, j, word, bit)
+		return own, so.setAt(to, j, word, bit), stored{}
 	}
 	if blocked {
+		sc.redirects++
 		so.insert(own, word, bit)
-		return own, true
+		return own, true, stored{true, so.redirects}
 	}
 	sc.insert(ck, word, bit)
-	return ck, true
+	return ck, true, stored{true, sc.redirects}
 }
 
 // Remove records that worker w no longer holds the blocks on tier (by the keys Store returned).

@@ -25,6 +25,9 @@ type shard struct {
 
 	mu      sync.Mutex // held by writers; guards everything below and all writes to tab's slots
 	scratch []uint64   // mask words of a key being inserted
+	// redirects counts the blocks whose child key had its home in this shard and that went to
+	// their own key because a sibling held that place (Index.store1).
+	redirects uint64
 
 	// brokenDelete makes deletes leave a hole instead of shifting the probe run back: a
 	// deliberate bug, set only by the test that proves the model check catches bugs.
@@ -247,14 +250,14 @@ func (s *shard) read1(key uint64) uint64 {
 // The write side. Each method must be called with s.mu held.
 
 // setBit sets holder bit (word, bit) of key, inserting the key if absent, and reports whether
-// the bit was newly set.
-func (s *shard) setBit(key uint64, word int, bit uint64) bool {
+// the bit was newly set and whether the key was.
+func (s *shard) setBit(key uint64, word int, bit uint64) (added, created bool) {
 	t := s.tab.Load()
 	if i := t.find(key); i >= 0 {
-		return s.setAt(t, i, word, bit)
+		return s.setAt(t, i, word, bit), false
 	}
 	s.insert(key, word, bit)
-	return true
+	return true, true
 }
 
 // setAt sets holder bit (word, bit) of slot i and reports whether it was newly set.
