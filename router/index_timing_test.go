@@ -17,6 +17,8 @@ import (
 // beside a plain RWMutex-guarded map index (mutexIndex) in the same run:
 //
 //	BenchmarkMatch4K          (a) one 4K-token prompt (256 blocks) per lookup: p50, p99
+//	BenchmarkMatch4KApart     (a) the same, index and baseline timed in separate stretches
+//	BenchmarkMatch4KHalfCached    a prompt whose second half is new: the lookup ends mid-way
 //	BenchmarkEventsWhileMatching (b) block events applied per second by 2 writers while a reader
 //	                          looks up continuously, GOMAXPROCS = 2; lookup p99 meanwhile
 //	BenchmarkIndexMemory      (c) heap bytes per (block, worker) entry after GC
@@ -253,6 +255,27 @@ func BenchmarkMatch4KApart(b *testing.B) {
 		}
 	}
 	reportLatency(b, "", ours, theirs)
+}
+
+// The common case in real traffic: a prompt whose first half is cached (a conversation's
+// earlier turns) and whose second half is new, so each lookup ends at block 128, where it finds
+// neither the block's child key nor its own.
+func BenchmarkMatch4KHalfCached(b *testing.B) {
+	ix, _, f, r := matchSetup(b)
+	var m Match
+	ours := make(latencies, 0, 1<<20)
+	c := make([]uint64, fleetLen)
+	for b.Loop() {
+		copy(c, f.chains[r.IntN(len(f.chains))])
+		for i := fleetLen / 2; i < fleetLen; i++ {
+			c[i] = r.Uint64()
+		}
+		t0 := time.Now()
+		ix.Match(c, &m)
+		ours = append(ours, time.Since(t0))
+	}
+	b.ReportMetric(ours.quantile(0.5), "p50-ns")
+	b.ReportMetric(ours.quantile(0.99), "p99-ns")
 }
 
 func reportLatency(b *testing.B, prefix string, ours, theirs latencies) {
