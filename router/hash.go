@@ -158,7 +158,7 @@ func Chain(local []uint64, parent uint64, hasParent bool) {
 }
 
 // Sequence appends the sequence hashes of every full block of a prompt to dst: what the index is
-// queried with, through ChainKeys.
+// queried with (Index.Match).
 func (h *Hasher) Sequence(dst []uint64, tokens []uint32, seed uint64, media []Media) ([]uint64, error) {
 	n := len(dst)
 	dst, err := h.Local(dst, tokens, seed, media)
