@@ -24,17 +24,9 @@ func clip(t testing.TB, src string) (mkv []byte, pngs [][]byte) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "v.mkv")
 	ffmpegtest.Run(t, "-f", "lavfi", "-i", src+"=size=96x64:rate=10:duration=4", "-c:v", "ffv1", "-pix_fmt", "bgr0", path)
-	ffmpegtest.Run(t, "-i", path, filepath.Join(dir, "f%03d.png"))
 	mkv, err := os.ReadFile(path)
 	require.NoError(t, err)
-	files, err := filepath.Glob(filepath.Join(dir, "f*.png"))
-	require.NoError(t, err)
-	slices.Sort(files)
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		require.NoError(t, err)
-		pngs = append(pngs, b)
-	}
+	pngs = ffmpegtest.PNGFrames(t, path)
 	require.Len(t, pngs, 40)
 	return mkv, pngs
 }

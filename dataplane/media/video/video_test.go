@@ -5,7 +5,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -73,25 +72,10 @@ func TestKeyframeSampling(t *testing.T) {
 	require.Equal(t, []int{0, 10, 20, 30}, v.Indices)
 }
 
-func pngFrames(t testing.TB, path string, w, h int) [][]byte {
-	var out [][]byte
-	dir := t.TempDir()
-	ffmpegtest.Run(t, "-i", path, filepath.Join(dir, "f%03d.png"))
-	files, err := filepath.Glob(filepath.Join(dir, "*.png"))
-	require.NoError(t, err)
-	slices.Sort(files)
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		require.NoError(t, err)
-		out = append(out, b)
-	}
-	return out
-}
-
 func TestImagesAsVideo(t *testing.T) {
 	path, _ := losslessVideo(t)
 	all := allFrames(t, path, 96, 64)
-	pngs := pngFrames(t, path, 96, 64)
+	pngs := ffmpegtest.PNGFrames(t, path)
 	require.Len(t, pngs, 40)
 	v, err := FromImages(pngs, Options{Sampling: FPS, FPS: 0.5, ImageFPS: 10, MaxFrames: 10}, picture.CLIP224)
 	require.NoError(t, err)

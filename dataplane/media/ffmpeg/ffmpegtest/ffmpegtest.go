@@ -5,7 +5,10 @@ package ffmpegtest
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,4 +32,21 @@ func Run(t testing.TB, args ...string) []byte {
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	require.NoError(t, cmd.Run(), "ffmpeg %v: %s", args, errb.String())
 	return out.Bytes()
+}
+
+// PNGFrames decodes every frame of the video file at path to a PNG, in order.
+func PNGFrames(t testing.TB, path string) [][]byte {
+	t.Helper()
+	dir := t.TempDir()
+	Run(t, "-i", path, filepath.Join(dir, "f%06d.png"))
+	files, err := filepath.Glob(filepath.Join(dir, "f*.png"))
+	require.NoError(t, err)
+	slices.Sort(files)
+	var out [][]byte
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		out = append(out, b)
+	}
+	return out
 }
