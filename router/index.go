@@ -185,7 +185,7 @@ func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) i
 			}
 			ix.prefetchSlots(ahead[:n], addrs[:0])
 			if i == 0 && continues(ahead[0]) { // the first block may need its own key looked at
-				ix.prefetchHomes([]uint64{OwnKey(seq)}, addrs[:0])
+				ix.prefetchHome(OwnKey(seq))
 			}
 		}
 		key, isNew, st := ix.store1(parent, seq, last, word, bit)
@@ -229,7 +229,7 @@ func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (
 		return ck, added, stored{created, sc.redirects}
 	}
 	t := sc.tab.Load()
-	i, blocked := t.findChild(ck)
+	i, blocked := t.probe(ck)
 	if i >= 0 { // the block is there: the common case for a block stored before
 		return ck, sc.setAt(t, i, word, bit), stored{}
 	}
@@ -247,7 +247,7 @@ func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (
 			so.mu.Lock()
 			sc.mu.Lock()
 			t = sc.tab.Load()
-			if i, blocked = t.findChild(ck); i >= 0 {
+			if i, blocked = t.probe(ck); i >= 0 {
 				so.mu.Unlock()
 				return ck, sc.setAt(t, i, word, bit), stored{}
 			}
@@ -270,14 +270,14 @@ func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (
 // Remove records that worker w no longer holds the blocks on tier (by the keys Store returned).
 // Blocks nobody holds any more are deleted at once. It returns how many entries were removed.
 func (ix *Index) Remove(w Worker, tier int, keys []uint64) int {
-	removed := ix.eachBlock(w, tier, keys, (*shard).clearBit)
+	removed := ix.clearEach(w, tier, keys)
 	ix.workers[w].counts[tier].Add(-int64(removed))
 	return removed
 }
 
-// eachBlock applies op (clearBit) to worker w's bit on tier for each key, under its shard's
-// lock, prefetching runs of slots ahead, and counts the changes op reports.
-func (ix *Index) eachBlock(w Worker, tier int, keys []uint64, op func(s *shard, key uint64, word int, bit uint64) bool) int {
+// clearEach clears worker w's bit on tier for each key, under its shard's lock, prefetching runs
+// of slots ahead, and counts the bits that were set.
+func (ix *Index) clearEach(w Worker, tier int, keys []uint64) int {
 	word, bit := bitOf(int(w))
 	word += tier * ix.words
 	changed := 0
@@ -289,7 +289,7 @@ func (ix *Index) eachBlock(w Worker, tier int, keys []uint64, op func(s *shard, 
 		key := keyOf(h)
 		s := ix.shardOf(key)
 		s.mu.Lock()
-		if op(s, key, word, bit) {
+		if s.clearBit(key, word, bit) {
 			changed++
 		}
 		s.mu.Unlock()
@@ -560,14 +560,10 @@ func rekey(keys []uint64, first uint64, seqs []uint64) {
 // prompt whose match ends early wastes little.
 const matchRun = 64
 
-// prefetchHomes prefetches the home slot of each key and returns addrs (len(keys) ≤ cap(addrs)).
-func (ix *Index) prefetchHomes(keys []uint64, addrs []uintptr) []uintptr {
-	for _, key := range keys {
-		t := ix.shardOf(key).tab.Load()
-		addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[(key&t.mask)*uint64(t.stride)])))
-	}
-	prefetch(addrs)
-	return addrs
+// prefetchHome prefetches key's home slot.
+func (ix *Index) prefetchHome(key uint64) {
+	t := ix.shardOf(key).tab.Load()
+	prefetch([]uintptr{uintptr(unsafe.Pointer(&t.slots[(key&t.mask)*uint64(t.stride)]))})
 }
 
 // prefetchSlots prefetches, for each run of keys that continue one another (a group's blocks,

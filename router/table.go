@@ -65,28 +65,18 @@ func newTable(slots, stride int) *table {
 
 func (t *table) size() int { return int(t.mask) + 1 }
 
-// find returns the slot index holding key, or -1. A child key (keys.go) is stored only where no
-// other child key has its home, so there is at most one such key, in its probe run: the search
-// for a child key stops at the first.
+// find returns the slot index holding key, or -1.
 func (t *table) find(key uint64) int {
-	st := t.stride
-	cont := continues(key)
-	for i, n := key&t.mask, 0; n <= int(t.mask); i, n = (i+1)&t.mask, n+1 {
-		k := t.slots[int(i)*st].Load()
-		if k == key {
-			return int(i)
-		}
-		if k == 0 || cont && sibling(k, key) {
-			return -1
-		}
-	}
-	return -1
+	i, _ := t.probe(key)
+	return i
 }
 
-// findChild is find for a child key that also reports why it is absent: blocked, when a sibling
-// stands where it would go.
-func (t *table) findChild(key uint64) (slot int, blocked bool) {
+// probe returns the slot index holding key, or -1 and whether the key is blocked: a child key
+// (keys.go) is stored only where no other child key has its home, so there is at most one such
+// key, in its probe run, and the search for a child key stops at the first (a sibling).
+func (t *table) probe(key uint64) (slot int, blocked bool) {
 	st := t.stride
+	cont := continues(key)
 	for i, n := key&t.mask, 0; n <= int(t.mask); i, n = (i+1)&t.mask, n+1 {
 		k := t.slots[int(i)*st].Load()
 		if k == key {
@@ -95,7 +85,7 @@ func (t *table) findChild(key uint64) (slot int, blocked bool) {
 		if k == 0 {
 			return -1, false
 		}
-		if sibling(k, key) {
+		if cont && sibling(k, key) {
 			return -1, true
 		}
 	}
