@@ -184,8 +184,8 @@ func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) i
 				ahead[j] = p
 			}
 			ix.prefetchSlots(ahead[:n], addrs[:0])
-			if i == 0 && continues(ahead[0]) { // the first block may need its own key looked at
-				ix.prefetchHome(OwnKey(seq))
+			if i == 0 && continues(ahead[0]) { // the first block may need its branch key looked at
+				ix.prefetchHome(BranchKey(ahead[0], seq))
 			}
 		}
 		key, isNew, st := ix.store1(parent, seq, last, word, bit)
@@ -213,11 +213,11 @@ type stored struct {
 // store1 sets holder bit (word, bit) of the block with sequence hash seq whose parent has key
 // parent (prev: what storing the parent found) and returns the block's key, whether the bit was
 // newly set, and what the next block needs to know. A block that would continue its parent's
-// group goes there unless a sibling holds that place; then it starts a group of its own
+// group goes there unless a sibling holds that place; then it goes to its branch key
 // (keys.go). A block never has both keys at once: deciding needs both candidate shards locked
 // (in shard order, the only place two are held; TryLock out of order, else both again in
 // order), except where the parent was created by this very store and no block of the shard has
-// gone to its own key since. Then the block cannot have an own key (it would have needed the
+// gone to its branch key since. Then the block cannot have a branch key (it would have needed the
 // parent to get one), and a new block in a new sequence costs one lock and one probe.
 func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (uint64, bool, stored) {
 	ck := ChildKey(parent, seq)
@@ -237,8 +237,8 @@ func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (
 		sc.insert(ck, word, bit)
 		return ck, true, stored{true, sc.redirects}
 	}
-	own := OwnKey(seq)
-	so := ix.shardOf(own)
+	bk := BranchKey(ck, seq)
+	so := ix.shardOf(bk)
 	if so != sc {
 		if uintptr(unsafe.Pointer(so)) > uintptr(unsafe.Pointer(sc)) {
 			so.mu.Lock()
@@ -255,13 +255,13 @@ func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (
 		defer so.mu.Unlock()
 	}
 	to := so.tab.Load()
-	if j := to.find(own); j >= 0 {
-		return own, so.setAt(to, j, word, bit), stored{}
+	if j := to.find(bk); j >= 0 {
+		return bk, so.setAt(to, j, word, bit), stored{}
 	}
 	if blocked {
 		sc.redirects++
-		so.insert(own, word, bit)
-		return own, true, stored{true, so.redirects}
+		so.insert(bk, word, bit)
+		return bk, true, stored{true, so.redirects}
 	}
 	sc.insert(ck, word, bit)
 	return ck, true, stored{true, sc.redirects}
@@ -387,7 +387,7 @@ func resize[T any](s []T, n int) []T {
 // Match fills m with each worker's leading-block overlap with a sequence (its sequence hashes,
 // first block first). It takes no lock and stops at the first block nobody holds. It walks the
 // chain as Store built it: each block under its parent's group, or where it branched off a
-// sibling, under its own key (keys.go).
+// sibling, under its branch key (keys.go).
 func (ix *Index) Match(seqs []uint64, m *Match) {
 	m.reset(ix, len(seqs))
 	if len(seqs) == 0 {
@@ -405,7 +405,7 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 		key := ChildKey(parent, seq)
 		found := ix.shardOf(key).read(key, m.buf, &hint)
 		if !found && continues(key) {
-			key = OwnKey(seq)
+			key = BranchKey(key, seq)
 			found = ix.shardOf(key).read(key, m.buf, &hint)
 		}
 		if !found {
@@ -457,7 +457,6 @@ func (m *Match) record(t, wd int, gone uint64, n int) {
 func (ix *Index) match1(seqs []uint64, m *Match) {
 	keys := m.keys
 	active := ^uint64(0)
-	rekeyed := false // keys were rewritten from the block being probed on
 	var addrs [2 * matchRun]uintptr
 	ix.prefetchSlots(keys[:min(matchRun, len(keys))], addrs[:0])
 	for base := 0; base < len(keys); base += matchRun {
@@ -492,21 +491,13 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 				continue // it is there: a writer moved keys while it was probed for
 			}
 			if !found && cont {
-				// Not in its parent's group: the block may have branched off a sibling there and
-				// started a group of its own. Look for it there, and for the rest after it.
-				rekey(keys[base+j:], OwnKey(seqs[base+j]), seqs[base+j+1:])
-				rekeyed = true
+				// Not in its parent's group: the block may have branched off a sibling there. Look
+				// for it and the rest of its group under its branch key; the groups after it keep
+				// their keys (keys.go).
+				end := min(j+keyGroup-keyPos(key), len(run))
+				branch(run[j:end], seqs[base+j:])
+				ix.prefetchSlots(run[j:end], addrs[:0])
 				continue
-			}
-			if found && rekeyed {
-				// It had: what was prefetched for the blocks after it is the wrong places.
-				rekeyed = false
-				from := base + j + 1
-				for n := 0; n < 2 && from < len(keys); n++ {
-					to := min(from+matchRun, len(keys))
-					ix.prefetchSlots(keys[from:to], addrs[:0])
-					from = to
-				}
 			}
 			h0, first, end := h, i, min(j+keyGroup-keyPos(key), len(run))
 			n, act := 1, active&h
@@ -546,12 +537,12 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 	m.record(0, 0, active, len(keys))
 }
 
-// rekey rewrites keys for a chain whose first block starts a group under key first: keys[0] is
-// first, and the rest (with sequence hashes seqs) follow as ChainKeys would.
-func rekey(keys []uint64, first uint64, seqs []uint64) {
-	keys[0] = first
-	for i, h := range seqs[:len(keys)-1] {
-		keys[i+1] = ChildKey(keys[i], h)
+// branch rewrites the keys of the rest of a group, keys (sequence hashes seqs), for a group
+// that went to its branch key at keys[0]: keys[0] becomes that key, and the rest follow it.
+func branch(keys, seqs []uint64) {
+	keys[0] = BranchKey(keys[0], seqs[0])
+	for i := 1; i < len(keys); i++ {
+		keys[i] = ChildKey(keys[i-1], seqs[i])
 	}
 }
 

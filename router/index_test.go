@@ -295,9 +295,9 @@ func (ix *Index) chainWords(seqs []uint64) [][]uint64 {
 		t := ix.shardOf(key).tab.Load()
 		slot := t.find(key)
 		if slot < 0 && continues(key) {
-			own := OwnKey(seq)
-			if ot := ix.shardOf(own).tab.Load(); ot.find(own) >= 0 {
-				key, t, slot = own, ot, ot.find(own)
+			bk := BranchKey(key, seq)
+			if bt := ix.shardOf(bk).tab.Load(); bt.find(bk) >= 0 {
+				key, t, slot = bk, bt, bt.find(bk)
 			}
 		}
 		parent = key

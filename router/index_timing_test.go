@@ -126,9 +126,10 @@ func getSlotWords(tb testing.TB) [][]*atomic.Uint64 {
 			ws := make([]*atomic.Uint64, len(c))
 			var key uint64
 			for i, seq := range c {
-				t, j := ix.locate(ChildKey(key, seq))
-				if key = ChildKey(key, seq); j < 0 {
-					key = OwnKey(seq)
+				key = ChildKey(key, seq)
+				t, j := ix.locate(key)
+				if j < 0 {
+					key = BranchKey(key, seq)
 					t, j = ix.locate(key)
 				}
 				if j < 0 {

@@ -17,20 +17,27 @@ package router
 // want the same slots for the rest of that group, and linear probing would line them up one
 // after another for every lookup to scan. So a block that continues a group (its child key) is
 // stored under that key only when no other child key with the same home is in the table (a
-// sibling, whichever came first); otherwise it starts a group of its own (its own key). The
-// index decides this when it first stores a block (Index.Store returns the keys it chose), and
-// a lookup that meets a sibling where a child key would be looks for the block's own key
-// instead (Index.Match walks the chain). The key of a block therefore depends on its parent's
-// key, and a block keeps its key while anybody holds it.
+// sibling, whichever came first); otherwise it goes to its branch key: a home of its own, from
+// its own hash, at the same position, and the rest of the group follows it there. A branch key
+// has bit 63 set (child keys have it clear), so it is never taken for a sibling. The index
+// decides this when it first stores a block (Index.Store returns the keys it chose), and a
+// lookup that meets a sibling where a child key would be (or nothing) looks for the block's
+// branch key instead. A block's position in its group is its position in the sequence modulo
+// keyGroup whatever branched, so a branch changes the keys of the rest of its group only: the
+// groups after it start where ChainKeys says, and a lookup's prefetches for them stay right.
+// The key of a block therefore depends on its parent's key, and a block keeps its key while
+// anybody holds it.
 //
-// Identity: two blocks share a key only when their homes and the high 32 bits of their
-// sequence hashes agree, so a false match needs a 32-bit collision between blocks that want the
-// same slot, and costs at worst one overestimated overlap.
+// Identity: two blocks share a key only when their homes and the high bits of their sequence
+// hashes agree (31 bits for child and branch keys, 32 for a group's first block), so a false
+// match needs a 31-bit collision between blocks that want the same slot, and costs at worst one
+// overestimated overlap.
 
 const (
 	keyGroup    = 8 // blocks per group: 8 × 16-byte slots are two cache lines
 	keyHomeMask = 1<<32 - 1
 	keyPosMask  = keyGroup - 1 // a key's position in its group
+	branchBit   = 1 << 63      // set in branch keys, clear in child keys
 )
 
 // OwnKey is the key of a block that starts a group: its sequence hash, aligned down to keyGroup.
@@ -41,16 +48,23 @@ func OwnKey(seq uint64) uint64 { return keyOf(seq &^ keyPosMask) }
 // or there is no parent.
 func ChildKey(parent, seq uint64) uint64 {
 	if parent != 0 && parent&keyPosMask != keyPosMask {
-		return keyOf(seq&^keyHomeMask | (parent+1)&keyHomeMask)
+		return seq&^(keyHomeMask|branchBit) | (parent+1)&keyHomeMask
 	}
 	return OwnKey(seq)
+}
+
+// BranchKey is the key of a block with sequence hash seq whose child key child (one that
+// continues a group) is taken by a sibling: its own hash's home, child's position.
+func BranchKey(child, seq uint64) uint64 {
+	return (seq|branchBit)&^keyPosMask | child&keyPosMask
 }
 
 // keyPos is a key's position in its group.
 func keyPos(key uint64) int { return int(key & keyPosMask) }
 
-// continues reports whether key is a child key continuing a group (not its first block).
-func continues(key uint64) bool { return key&keyPosMask != 0 }
+// continues reports whether key is a child key: one that continues its parent's group (not a
+// group's first block, not a branch key).
+func continues(key uint64) bool { return key&keyPosMask != 0 && key&branchBit == 0 }
 
 // ChainKeys appends the keys a sequence's blocks (sequence hashes, first block first) have
 // when none of them branched off a sibling: where a lookup looks first, and what a writer

@@ -17,6 +17,9 @@ func TestChainKeysByDefinition(t *testing.T) {
 	for i, k := range keys {
 		home := uint32(seqs[i/8*8]) &^ 7
 		want := seqs[i]&0xffff_ffff_0000_0000 | uint64(home+uint32(i%8))
+		if i%8 != 0 {
+			want &^= 1 << 63 // a child key's mark (branch keys have it set)
+		}
 		require.Equalf(t, want, k, "block %d", i)
 		require.Equal(t, i%8 != 0, continues(k))
 	}
@@ -32,7 +35,7 @@ func TestChainKeysByDefinition(t *testing.T) {
 	seqs[0] = 0x1234_5678_ffff_fffa
 	keys = ChainKeys(keys[:0], seqs[:8])
 	require.Equal(t, uint64(0x1234_5678_ffff_fff8), keys[0])
-	require.Equal(t, seqs[7]&0xffff_ffff_0000_0000|0xffff_ffff, keys[7])
+	require.Equal(t, seqs[7]&0x7fff_ffff_0000_0000|0xffff_ffff, keys[7])
 }
 
 // The point of the keys: a group of 8 blocks sits in one shard, in adjacent slots (the slots
@@ -157,8 +160,15 @@ func TestSiblingsBranchIntoGroupsOfTheirOwn(t *testing.T) {
 		require.Equal(t, want, keys[0], "the first continues the group")
 		for i := 1; i < len(sibs); i++ {
 			require.Equal(t, want[:branch], keys[i][:branch], "the shared prefix has one key")
-			require.Equal(t, OwnKey(sibs[i][branch]), keys[i][branch], "sibling %d starts a group", i)
-			require.Equal(t, ChainKeys(nil, sibs[i][branch:]), keys[i][branch:])
+			chain := ChainKeys(nil, sibs[i])
+			bk := BranchKey(chain[branch], sibs[i][branch])
+			require.Equal(t, bk, keys[i][branch], "sibling %d goes to its branch key", i)
+			require.Equal(t, uint64(branch), bk&keyPosMask, "at the same position")
+			require.Equal(t, sibs[i][branch]&^keyPosMask|1<<63, bk&^keyPosMask, "with a home of its own")
+			for j := branch + 1; j < keyGroup; j++ {
+				require.Equal(t, ChildKey(keys[i][j-1], sibs[i][j]), keys[i][j], "the group follows it")
+			}
+			require.Equal(t, chain[keyGroup:], keys[i][keyGroup:], "the groups after it keep their keys")
 		}
 		// No run of siblings: the first sibling's branch block sits near its home.
 		tab := ix.shardOf(want[branch]).tab.Load()

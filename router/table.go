@@ -26,7 +26,7 @@ type shard struct {
 	mu      sync.Mutex // held by writers; guards everything below and all writes to tab's slots
 	scratch []uint64   // mask words of a key being inserted
 	// redirects counts the blocks whose child key had its home in this shard and that went to
-	// their own key because a sibling held that place (Index.store1).
+	// their branch key because a sibling held that place (Index.store1).
 	redirects uint64
 
 	// brokenDelete makes deletes leave a hole instead of shifting the probe run back: a
