@@ -458,11 +458,11 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 	keys := m.keys
 	active := ^uint64(0)
 	var addrs [2 * matchRun]uintptr
-	ix.prefetchSlots(keys[:min(matchRun, len(keys))], addrs[:0])
+	ix.prefetchGroups1(keys[:min(matchRun, len(keys))], addrs[:0])
 	for base := 0; base < len(keys); base += matchRun {
 		run := keys[base:min(base+matchRun, len(keys))]
 		if next := base + matchRun; next < len(keys) {
-			ix.prefetchSlots(keys[next:min(next+matchRun, len(keys))], addrs[:0])
+			ix.prefetchGroups1(keys[next:min(next+matchRun, len(keys))], addrs[:0])
 		}
 		for j := 0; j < len(run); {
 			key := run[j]
@@ -501,12 +501,24 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 			}
 			h0, first, end := h, i, min(j+keyGroup-keyPos(key), len(run))
 			n, act := 1, active&h
-			for ; act != 0 && j+n < end; n++ {
-				i = (i + 1) & mask
-				if slots[i*2].Load() != run[j+n] {
-					break
+			if f := int(first) * 2; f+2*keyGroup <= len(slots) {
+				// The group's slots as one array (no wrap at the table's end): no masking and no
+				// bounds checks per block.
+				g, want := (*[2 * keyGroup]atomic.Uint64)(slots[f:f+2*keyGroup]), run[j:end]
+				for ; act != 0 && n < len(want); n++ {
+					if g[2*n&(2*keyGroup-1)].Load() != want[n] {
+						break
+					}
+					act &= g[(2*n+1)&(2*keyGroup-1)].Load()
 				}
-				act &= slots[i*2+1].Load()
+			} else {
+				for ; act != 0 && j+n < end; n++ {
+					i = (i + 1) & mask
+					if slots[i*2].Load() != run[j+n] {
+						break
+					}
+					act &= slots[i*2+1].Load()
+				}
 			}
 			stale := v&1 != 0 || s.version.Load() != v
 			if act != active || stale {
@@ -550,6 +562,21 @@ func branch(keys, seqs []uint64) {
 // miss buffers (64 blocks are 8 groups: 16 lines and the 16 after them), few enough that a
 // prompt whose match ends early wastes little.
 const matchRun = 64
+
+// prefetchGroups1 is prefetchSlots for match1 (one mask word: 16-byte slots) and keys as
+// ChainKeys gives them from a group's start: keys[0], keys[8], ... start groups. For each group
+// it prefetches the group's two lines and the two after them (where a collision pushes a
+// group), without looking at the other keys. An address past the table's end is harmless (a
+// prefetch is a hint); the lines a wrapped group has at the table's start are not prefetched.
+func (ix *Index) prefetchGroups1(keys []uint64, addrs []uintptr) {
+	for g := 0; g < len(keys); g += keyGroup {
+		key := keys[g]
+		t := ix.shardOf(key).tab.Load()
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(t.slots))) + uintptr(key&t.mask)*16
+		addrs = append(addrs, p, p+64, p+128, p+192)
+	}
+	prefetch(addrs)
+}
 
 // prefetchHome prefetches key's home slot.
 func (ix *Index) prefetchHome(key uint64) {

@@ -1,5 +1,7 @@
 package router
 
+import "slices"
+
 // Index keys: where a block's entry lives in the index.
 //
 // A lookup walks a prompt's blocks in order, and with entries placed by their own hash every
@@ -68,12 +70,25 @@ func continues(key uint64) bool { return key&keyPosMask != 0 && key&branchBit ==
 
 // ChainKeys appends the keys a sequence's blocks (sequence hashes, first block first) have
 // when none of them branched off a sibling: where a lookup looks first, and what a writer
-// tries first.
+// tries first. It is ChildKey applied down the chain, written group by group so that no key
+// waits for the one before it (a lookup computes 256 of them).
 func ChainKeys(dst, seqs []uint64) []uint64 {
+	n := len(dst)
+	dst = slices.Grow(dst, len(seqs))[:n+len(seqs)]
+	out := dst[n:]
+	g := 0
+	for ; g+keyGroup <= len(out); g += keyGroup {
+		o, s := out[g:g+keyGroup:g+keyGroup], seqs[g:g+keyGroup:g+keyGroup]
+		o[0] = OwnKey(s[0])
+		const id = ^uint64(keyHomeMask | branchBit) // a child key keeps these bits of its hash
+		home := o[0] & keyHomeMask                  // aligned: home + j is home | j
+		o[1], o[2], o[3] = s[1]&id|home|1, s[2]&id|home|2, s[3]&id|home|3
+		o[4], o[5], o[6], o[7] = s[4]&id|home|4, s[5]&id|home|5, s[6]&id|home|6, s[7]&id|home|7
+	}
 	var parent uint64
-	for _, h := range seqs {
-		parent = ChildKey(parent, h)
-		dst = append(dst, parent)
+	for ; g < len(out); g++ { // a group cut short by the sequence's end
+		parent = ChildKey(parent, seqs[g])
+		out[g] = parent
 	}
 	return dst
 }
