@@ -139,10 +139,11 @@ func TestGroupPushedFromHome(t *testing.T) {
 }
 
 // Conversations that branch from a shared prefix mid-group: the first to arrive continues the
-// group; each later one starts a group of its own instead of queueing behind the others in the
-// same slots, and keeps that key while held, whoever else stores it. Lookups find all of them,
-// before and after the first one goes, on one-word and multi-word indexes.
-func TestSiblingsBranchIntoGroupsOfTheirOwn(t *testing.T) {
+// group; each later one goes to its branch key (a home of its own, the same position) instead of
+// queueing behind the others in the same slots, and keeps that key while held, whoever else
+// stores it; the groups after the branch keep their keys. Lookups find all of them, before and
+// after the first one goes, on one-word and multi-word indexes.
+func TestSiblingsBranchToHomesOfTheirOwn(t *testing.T) {
 	for _, workers := range []int{64, 128} {
 		r := newRand(t)
 		ix, w, other := twoWorkerIndex(t, workers)
