@@ -281,7 +281,7 @@ func (ix *Index) clearEach(w Worker, tier int, keys []uint64) int {
 	word, bit := bitOf(int(w))
 	word += tier * ix.words
 	changed := 0
-	var addrs [2 * matchRun]uintptr // room for the worst case (prefetchSlots)
+	var addrs [2 * matchRun]uintptr
 	for i, h := range keys {
 		if i%matchRun == 0 {
 			ix.prefetchSlots(keys[i:min(i+matchRun, len(keys))], addrs[:0])
@@ -361,6 +361,7 @@ type Match struct {
 	blocks               []int32 // [tier*maxWorkers + worker]
 	active, buf          []uint64
 	keys                 []uint64 // the query's keys (scratch)
+	live, sel            []int32  // mask words still in play, and their indexes in a slot (scratch)
 }
 
 // Len is the number of blocks queried.
@@ -393,49 +394,82 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	if len(seqs) == 0 {
 		return
 	}
+	m.keys = ChainKeys(m.keys[:0], seqs)
 	if ix.stride == 2 {
-		m.keys = ChainKeys(m.keys[:0], seqs)
 		ix.match1(seqs, m)
 		return
 	}
+	// Prefetch the slots a run ahead, where the chain's keys put them (a branch moves only the
+	// rest of its group: keys.go).
+	var addrs [2 * matchRun]uintptr
+	ix.prefetchSlots(m.keys[:min(matchRun, len(seqs))], addrs[:0])
 	words, tiers := ix.words, ix.opts.Tiers
 	hint := slotHint{slot: -1}
+	// After the first block only the mask words with a worker left in them matter (with 1,024
+	// workers, a block held by 4 has at most 4 of 16): live lists them, sel their indexes in a
+	// slot's words, and only those are read and walked.
+	live := m.live[:0]
+	for wd := range words {
+		live = append(live, int32(wd))
+	}
+	var sel []int32 // nil: read every word (the first block)
 	var parent uint64
 	for i, seq := range seqs {
+		if i%matchRun == 0 && i+matchRun < len(seqs) {
+			ix.prefetchSlots(m.keys[i+matchRun:min(i+2*matchRun, len(seqs))], addrs[:0])
+		}
 		key := ChildKey(parent, seq)
-		found := ix.shardOf(key).read(key, m.buf, &hint)
+		found := ix.shardOf(key).read(key, m.buf, sel, &hint)
 		if !found && continues(key) {
 			key = BranchKey(key, seq)
-			found = ix.shardOf(key).read(key, m.buf, &hint)
+			found = ix.shardOf(key).read(key, m.buf, sel, &hint)
 		}
 		if !found {
 			clear(m.buf)
 		}
 		parent = key
-		anyLeft := false
-		for wd := range words {
+		n := 0
+		for _, wd := range live {
+			left := false
 			cum := uint64(0) // tier t counts blocks held on tier t or any faster tier
 			for t := range tiers {
-				a := &m.active[t*words+wd]
-				cum |= m.buf[t*words+wd]
+				w := t*words + int(wd)
+				a := &m.active[w]
+				cum |= m.buf[w]
 				na := cum
 				if i > 0 {
 					na &= *a
-					m.record(t, wd, *a&^na, i)
+					m.record(t, int(wd), *a&^na, i)
 				}
 				*a = na
-				anyLeft = anyLeft || na != 0
+				left = left || na != 0
+			}
+			if left {
+				live[n] = wd
+				n++
 			}
 		}
-		if !anyLeft {
+		if n == 0 {
+			m.live = live
 			return
+		}
+		if n < len(live) || sel == nil {
+			live = live[:n]
+			sel = m.sel[:0]
+			for t := range tiers {
+				for _, wd := range live {
+					sel = append(sel, int32(t*words)+wd)
+				}
+			}
+			m.sel = sel
 		}
 	}
 	for t := range tiers {
-		for wd := range words {
-			m.record(t, wd, m.active[t*words+wd], len(seqs))
+		for _, wd := range live {
+			m.record(t, int(wd), m.active[t*words+int(wd)], len(seqs))
 		}
 	}
+	m.live = live
 }
 
 // record sets the count of every worker in gone (mask word wd of tier t) to n.
@@ -596,28 +630,48 @@ func (ix *Index) prefetchHome(key uint64) {
 }
 
 // prefetchSlots prefetches, for each run of keys that continue one another (a group's blocks,
-// keys.go), the slots from the run's first key's to eight past its last: the blocks and where
-// a collision pushes them; for a key that starts no such run, its home line. It appends the
-// addresses to addrs (at most 1.5 per key) and returns it. Writers use it too: a store or
-// remove of a run of blocks misses the cache once per line, and these misses overlap as well.
-// Only the run's last key is checked: prefetching is a hint, and a wrong one costs only time.
-func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) []uintptr {
+// keys.go), the lines of their slots, and for a one-word index (16-byte slots) the eight slots
+// after them too (where a collision pushes a group: two more lines); for a key that starts no
+// such run, its slot's first line. It uses addrs as scratch (prefetching whenever it is full,
+// so any capacity will do). Writers use it too: a store or remove of a run of blocks misses the
+// cache once per line, and these misses overlap as well. Only the run's last key is checked:
+// prefetching is a hint, and a wrong one costs only time.
+func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) {
+	addrs = addrs[:0]
 	for i := 0; i < len(keys); {
 		key := keyOf(keys[i])
 		t := ix.shardOf(key).tab.Load()
 		st := uint64(t.stride)
 		last := min(i+keyGroup-keyPos(key), len(keys)) - 1 // where the group ends
-		span := uint64(4)                                  // 4 slots: a line when st is 2
+		span := uint64(1)                                  // slots
 		if d := uint64(last - i); d > 0 && keyOf(keys[last])&keyHomeMask == (key+d)&keyHomeMask {
-			span = d + 1 + 8
+			span = d + 1
+			if st == 2 {
+				span += keyGroup
+			}
 		} else {
 			last = i
 		}
-		for j := uint64(0); j < span; j += 4 {
-			addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+j)&t.mask)*st])))
+		if st == 2 { // four slots a line
+			for j := uint64(0); j < span; j += 4 {
+				addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+j)&t.mask)*2])))
+			}
+			i = last + 1
+			continue
+		}
+		// One address per line: slot key+n, byte off within it.
+		slotBytes, n, off := st*8, uint64(0), uint64(0)
+		for n < span {
+			if len(addrs) == cap(addrs) {
+				prefetch(addrs)
+				addrs = addrs[:0]
+			}
+			addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+n)&t.mask)*st]))+uintptr(off))
+			for off += 64; off >= slotBytes; off -= slotBytes {
+				n++
+			}
 		}
 		i = last + 1
 	}
 	prefetch(addrs)
-	return addrs
 }

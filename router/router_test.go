@@ -2,7 +2,9 @@ package router
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -229,4 +231,79 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	require.False(t, s.Finish("p"), "the oldest made room")
 	s.ForgetWorker(2)
 	require.Zero(t, s.InFlight())
+}
+
+// Slots against a plain model under random starts and finishes on a few workers, with prompts
+// that share prefixes: each worker's distinct active blocks and its leading active overlap with
+// a prompt agree with the model throughout (through the ref-count table's growth and shrinking),
+// and nothing is left once every request has finished.
+func TestSlotsAgainstModel(t *testing.T) {
+	r := newRand(t)
+	s, err := NewSlots(128, 16, time.Hour, 10_000)
+	require.NoError(t, err)
+	prefixes := make([][]uint64, 8)
+	for i := range prefixes {
+		prefixes[i] = randomHashes(r, 1+r.IntN(300))
+	}
+	type req struct {
+		w    Worker
+		seqs []uint64
+	}
+	reqs := map[string]req{}
+	refs := map[Worker]map[uint64]int{}
+	now := time.Now()
+	check := func(probe []uint64) {
+		t.Helper()
+		var m Match
+		s.ActiveMatch(probe, &m)
+		for w, counts := range refs {
+			blocks, _, _ := s.Load(w)
+			require.Equal(t, int64(len(counts)), blocks, "worker %d's distinct blocks", w)
+			lead := 0
+			for lead < len(probe) && counts[probe[lead]] > 0 {
+				lead++
+			}
+			require.Equal(t, lead, m.Blocks(w, 0), "worker %d's active overlap", w)
+		}
+	}
+	for step := range 3000 {
+		if len(reqs) == 0 || r.IntN(5) < 3 {
+			w := Worker([]int{0, 5, 64, 127}[r.IntN(4)])
+			p := prefixes[r.IntN(len(prefixes))]
+			seqs := append(slices.Clone(p[:1+r.IntN(len(p))]), randomHashes(r, r.IntN(200))...)
+			id := fmt.Sprint("r", step)
+			require.NoError(t, s.Start(id, w, seqs, len(seqs)*16, 0, now))
+			reqs[id] = req{w, seqs}
+			if refs[w] == nil {
+				refs[w] = map[uint64]int{}
+			}
+			for _, h := range seqs {
+				refs[w][h]++
+			}
+		} else {
+			for id, q := range reqs { // a random one: map order
+				require.True(t, s.Finish(id))
+				delete(reqs, id)
+				for _, h := range q.seqs {
+					if refs[q.w][h]--; refs[q.w][h] == 0 {
+						delete(refs[q.w], h)
+					}
+				}
+				break
+			}
+		}
+		if step%50 == 0 {
+			p := prefixes[r.IntN(len(prefixes))]
+			check(p)
+		}
+	}
+	for id := range reqs {
+		require.True(t, s.Finish(id))
+	}
+	require.Zero(t, s.refs.len())
+	require.Zero(t, s.active.Blocks())
+	for w := range refs {
+		blocks, _, reqs := s.Load(w)
+		require.Zero(t, blocks+reqs)
+	}
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -141,4 +142,108 @@ func BenchmarkEngineApply(b *testing.B) {
 	}
 	b.ReportMetric(float64(stats.BlocksStored.Load()+stats.BlocksRemoved.Load())/apply.Seconds(), "blocks/s")
 	b.ReportMetric(float64(decode)/float64(apply), "x-decode")
+}
+
+// A large fleet: a router for 1,024 workers (16 mask words per block) routing 12,000-token
+// prompts (750 blocks), each cached on 4 workers, with 256 requests in flight: Decide, Start and
+// Finish per request. The ref counting that Start and Finish do (Slots' refCounts) is timed
+// again beside the same counting in a Go map keyed by (block, worker), fed the same requests
+// and holding the same counts: x-map is the map's time over ours.
+func BenchmarkRoute1024(b *testing.B) {
+	const workers, promptTokens, inFlight = 1024, 12_000, 256
+	rnd := rand.New(rand.NewPCG(5, 6))
+	opts := DefaultOptions()
+	opts.Seed = 1
+	opts.Index.MaxWorkers = workers
+	r, err := New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var names []string
+	for i := range workers {
+		names = append(names, fmt.Sprintf("w%d", i))
+		if _, err := r.AddWorker(names[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	h, _ := NewHasher(16)
+	var prompts [][]uint32
+	for range 200 {
+		p := make([]uint32, promptTokens)
+		for i := range p {
+			p[i] = rnd.Uint32N(150_000)
+		}
+		hs, _ := h.Sequence(nil, p, HashSeed, nil)
+		for _, w := range rnd.Perm(workers)[:4] {
+			r.Index().Store(r.find(names[w]).slot, 0, 0, hs, nil)
+		}
+		prompts = append(prompts, p)
+	}
+	ids := make([]string, inFlight)
+	for i := range ids {
+		ids[i] = fmt.Sprint("req-", i)
+	}
+	type flight struct {
+		w    Worker
+		seqs []uint64
+	}
+	ring := make([]flight, inFlight)
+	ours, theirs := newRefCounts(), map[mapRefKey]int32{}
+	var gone []uint64
+	var d Decision
+	var decide, start, finish, oursRefs, mapRefs time.Duration
+	now := time.Now()
+	for i := 0; b.Loop(); i++ {
+		slot := i % inFlight
+		if i >= inFlight { // the request started inFlight requests ago ends
+			t0 := time.Now()
+			r.Finish(ids[slot])
+			finish += time.Since(t0)
+			f := ring[slot]
+			t1 := time.Now()
+			gone = ours.decr(f.seqs, f.seqs, f.w, gone[:0])
+			t2 := time.Now()
+			for _, h := range f.seqs {
+				k := mapRefKey{h, f.w}
+				if theirs[k]--; theirs[k] <= 0 {
+					delete(theirs, k)
+				}
+			}
+			oursRefs += t2.Sub(t1)
+			mapRefs += time.Since(t2)
+		}
+		t0 := time.Now()
+		if err := r.Decide(Request{Tokens: prompts[i%len(prompts)]}, &d); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := r.Start(ids[slot], d, d.Worker, now); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		decide += t1.Sub(t0)
+		start += t2.Sub(t1)
+		w := r.find(d.Worker).slot
+		ring[slot] = flight{w, d.Hashes}
+		d.Hashes = nil // the ring keeps them
+		t3 := time.Now()
+		ours.incr(ring[slot].seqs, w)
+		t4 := time.Now()
+		for _, h := range ring[slot].seqs {
+			theirs[mapRefKey{h, w}]++
+		}
+		oursRefs += t4.Sub(t3)
+		mapRefs += time.Since(t4)
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(decide.Nanoseconds())/n, "decide-ns")
+	b.ReportMetric(float64(start.Nanoseconds())/n, "start-ns")
+	b.ReportMetric(float64(finish.Nanoseconds())/n, "finish-ns")
+	b.ReportMetric(float64(oursRefs.Nanoseconds())/n, "refs-ns")
+	b.ReportMetric(float64(mapRefs)/float64(oursRefs), "x-map")
+}
+
+type mapRefKey struct {
+	hash   uint64
+	worker Worker
 }

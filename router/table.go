@@ -191,9 +191,10 @@ func (t *table) rebuilt(slots int) *table {
 	return nt
 }
 
-// read copies key's mask words into dst (len stride-1) and reports whether the key is present,
-// without locking: it retries while a writer is moving keys.
-func (s *shard) read(key uint64, dst []uint64, hint *slotHint) bool {
+// read copies key's mask words into dst (len stride-1), only those at the indexes in sel (nil:
+// all of them), and reports whether the key is present, without locking: it retries while a
+// writer is moving keys.
+func (s *shard) read(key uint64, dst []uint64, sel []int32, hint *slotHint) bool {
 	for spins := 0; ; spins++ {
 		v := s.version.Load()
 		if v&1 == 0 {
@@ -201,8 +202,14 @@ func (s *shard) read(key uint64, dst []uint64, hint *slotHint) bool {
 			i := t.findAfter(key, *hint)
 			if i >= 0 {
 				ws := t.words(i)
-				for j := range ws {
-					dst[j] = ws[j].Load()
+				if sel == nil {
+					for j := range ws {
+						dst[j] = ws[j].Load()
+					}
+				} else {
+					for _, j := range sel {
+						dst[j] = ws[j].Load()
+					}
 				}
 			}
 			if s.version.Load() == v {
