@@ -18,7 +18,7 @@ import (
 // beside a plain RWMutex-guarded map index (mutexIndex) in the same run:
 //
 //	BenchmarkMatch4K          (a) one 4K-token prompt (256 blocks) per lookup: p50, p99, and
-//	                          the memory floor of the same lookups (their own lines, prefetched)
+//	                          the memory floor of such lookups (their own lines, prefetched)
 //	BenchmarkMatch4KApart     (a) the same, index and baseline timed in separate stretches
 //	BenchmarkMatch4KHalfCached    a prompt whose second half is new: the lookup ends mid-way
 //	BenchmarkEventsWhileMatching (b) block events applied per second by 2 writers while a reader
