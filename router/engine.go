@@ -277,7 +277,17 @@ func (e *Engine) store(ev *Event, tier int) {
 	e.keys = resize(e.keys, len(e.seqs))
 	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, parentKey, e.seqs, e.keys)))
 	for i, eh := range ev.Hashes {
-		b, _ := e.lookup(eh)
+		b, known := e.lookup(eh)
+		if known && b.tiers != 0 && b.key != e.keys[i] {
+			// Stored again under another key (a cap evicted a block before it, and this time a
+			// sibling decided otherwise: keys.go): what the worker holds under the old key would
+			// never be removed.
+			for t := range e.ix.Options().Tiers {
+				if b.tiers&(1<<t) != 0 {
+					e.ix.Remove(e.worker, t, []uint64{b.key})
+				}
+			}
+		}
 		b.seq, b.key, b.seed, b.tiers = e.seqs[i], e.keys[i], seed, b.tiers|1<<tier
 		e.remember(eh, b)
 	}

@@ -543,8 +543,9 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 					// A whole group, the common case: compare all its keys at once, no branch per
 					// block.
 					w := (*[keyGroup]uint64)(want)
-					if g[2].Load()^w[1]|g[4].Load()^w[2]|g[6].Load()^w[3]|g[8].Load()^w[4]|
-						g[10].Load()^w[5]|g[12].Load()^w[6]|g[14].Load()^w[7] == 0 {
+					// (^ and | bind alike in Go: each comparison needs its parentheses.)
+					if (g[2].Load()^w[1])|(g[4].Load()^w[2])|(g[6].Load()^w[3])|(g[8].Load()^w[4])|
+						(g[10].Load()^w[5])|(g[12].Load()^w[6])|(g[14].Load()^w[7]) == 0 {
 						act &= g[3].Load() & g[5].Load() & g[7].Load() & g[9].Load() &
 							g[11].Load() & g[13].Load() & g[15].Load()
 						n = keyGroup

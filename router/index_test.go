@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -149,8 +150,17 @@ func (e *engineSim) store(w Worker, tier int, c []uint64, a, b int) error {
 		e.keys[w] = map[uint64]uint64{}
 	}
 	for i, k := range e.buf {
-		if old, ok := e.keys[w][c[a+i]]; ok && old != k && !e.capped {
-			return fmt.Errorf("worker %d: block %#x changed keys while held: %#x, then %#x", w, c[a+i], old, k)
+		if old, ok := e.keys[w][c[a+i]]; ok && old != k {
+			if !e.capped {
+				return fmt.Errorf("worker %d: block %#x changed keys while held: %#x, then %#x", w, c[a+i], old, k)
+			}
+			// A cap evicted a block before it and the block went elsewhere this time: drop what
+			// the worker may still hold under the old key, as Engine.store does.
+			for t := range e.mod.tiers {
+				if e.holds(w, t, c[a+i]) {
+					e.ix.Remove(w, t, []uint64{old})
+				}
+			}
 		}
 		e.keys[w][c[a+i]] = k
 	}
@@ -173,6 +183,9 @@ func (e *engineSim) removeSubtree(w Worker, tier int, c []uint64, a int) {
 			}
 		}
 	}
+	// Children first, as vLLM evicts (the index's contract): gone lists each chain's blocks
+	// parent first.
+	slices.Reverse(keys)
 	e.ix.Remove(w, tier, keys)
 	e.mod.remove(int(w), tier, gone)
 	for _, h := range gone {
