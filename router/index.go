@@ -653,14 +653,7 @@ func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) {
 		} else {
 			last = i
 		}
-		if st == 2 { // four slots a line
-			for j := uint64(0); j < span; j += 4 {
-				addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+j)&t.mask)*2])))
-			}
-			i = last + 1
-			continue
-		}
-		// One address per line: slot key+n, byte off within it.
+		// One address per line: slot key+n, byte off within it (16-byte slots: four a line).
 		slotBytes, n, off := st*8, uint64(0), uint64(0)
 		for n < span {
 			if len(addrs) == cap(addrs) {
@@ -668,6 +661,10 @@ func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) {
 				addrs = addrs[:0]
 			}
 			addrs = append(addrs, uintptr(unsafe.Pointer(&t.slots[((key+n)&t.mask)*st]))+uintptr(off))
+			if st == 2 {
+				n += 4
+				continue
+			}
 			for off += 64; off >= slotBytes; off -= slotBytes {
 				n++
 			}

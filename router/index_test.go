@@ -298,12 +298,11 @@ func checkBlocksExactly(ix *Index, u *universe, mod *model, capped map[Worker]bo
 	return nil
 }
 
-// chainWords resolves a chain's keys as Match does (quiescent) and returns each block's mask
-// words, nil for a block not in the index.
-func (ix *Index) chainWords(seqs []uint64) [][]uint64 {
-	out := make([][]uint64, len(seqs))
+// chainSlots resolves a chain's keys as Match does (quiescent): each block's table and slot,
+// slot -1 for a block not in the index.
+func (ix *Index) chainSlots(seqs []uint64) (tabs []*table, slots []int) {
 	var parent uint64
-	for i, seq := range seqs {
+	for _, seq := range seqs {
 		key := ChildKey(parent, seq)
 		t := ix.shardOf(key).tab.Load()
 		slot := t.find(key)
@@ -314,8 +313,18 @@ func (ix *Index) chainWords(seqs []uint64) [][]uint64 {
 			}
 		}
 		parent = key
+		tabs, slots = append(tabs, t), append(slots, slot)
+	}
+	return tabs, slots
+}
+
+// chainWords returns each block's mask words (chainSlots), nil for a block not in the index.
+func (ix *Index) chainWords(seqs []uint64) [][]uint64 {
+	out := make([][]uint64, len(seqs))
+	tabs, slots := ix.chainSlots(seqs)
+	for i, slot := range slots {
 		if slot >= 0 {
-			ws := t.words(slot)
+			ws := tabs[i].words(slot)
 			for j := range ws {
 				out[i] = append(out[i], ws[j].Load())
 			}

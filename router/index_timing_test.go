@@ -124,30 +124,18 @@ func getSlotWords(tb testing.TB) [][]*atomic.Uint64 {
 	ix, _ := getBuilt(tb)
 	slotWordsOnce.Do(func() {
 		for _, c := range getFleet().chains {
+			tabs, slots := ix.chainSlots(c)
 			ws := make([]*atomic.Uint64, len(c))
-			var key uint64
-			for i, seq := range c {
-				key = ChildKey(key, seq)
-				t, j := ix.locate(key)
-				if j < 0 {
-					key = BranchKey(key, seq)
-					t, j = ix.locate(key)
-				}
-				if j < 0 {
+			for i, slot := range slots {
+				if slot < 0 {
 					tb.Fatalf("block %d of a conversation is not in the index", i)
 				}
-				ws[i] = &t.words(j)[0]
+				ws[i] = &tabs[i].words(slot)[0]
 			}
 			slotWords = append(slotWords, ws)
 		}
 	})
 	return slotWords
-}
-
-// locate returns key's table and slot (-1: absent). Only for a quiescent index.
-func (ix *Index) locate(key uint64) (*table, int) {
-	t := ix.shardOf(key).tab.Load()
-	return t, t.find(key)
 }
 
 // mutexIndex is the baseline: one map from sequence hash to a holder bit mask under one
