@@ -11,6 +11,7 @@ package features
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -261,6 +262,13 @@ func (s *Store) reserve(ctx context.Context, p *pool, n int64, settled bool) (al
 		case <-ctx.Done():
 			s.mu.Lock()
 			p.dequeue(w)
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The deadline bounded the wait, so the timer fires at the same moment and
+				// select picks either: a deadline passed in the queue is the budget's timeout.
+				err := p.reject(RejectTimeout, n, s.opts.RetryAfter)
+				s.mu.Unlock()
+				return allocation{}, err
+			}
 			s.mu.Unlock()
 			return allocation{}, fmt.Errorf("features: waiting for %d bytes of %s memory: %w", n, p.name, ctx.Err())
 		}

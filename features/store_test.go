@@ -501,6 +501,40 @@ func TestBudgetWaitFIFO(t *testing.T) {
 	requireEmpty(t, s)
 }
 
+// expiredCtx is a context whose deadline has passed but which does not report it through
+// Deadline, so a waiter can only see it through Done: the branch the timer races with.
+type expiredCtx struct{ context.Context }
+
+func (expiredCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (expiredCtx) Err() error                  { return context.DeadlineExceeded }
+func (expiredCtx) Done() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// A deadline that passes while waiting is the budget's timeout (503, Retry-After), however
+// the wait learns of it; only a cancelled client gets the context's own error.
+func TestBudgetWaitDeadlineIsTimeout(t *testing.T) {
+	o := Options{Host: PoolOptions{Capacity: 8 * kib, BlockBytes: 4 * kib, Allocator: &MmapAllocator{}}, MaxWait: time.Minute}
+	s, err := New(o)
+	require.NoError(t, err)
+	hog, _ := s.Begin("hog", Policy{})
+	admitEncode(t, hog, item("h", 8*kib), 0)
+
+	r, _ := s.Begin("r", Policy{})
+	_, _, err = r.Admit(expiredCtx{context.Background()}, item("r", 4*kib))
+	var be *BudgetError
+	require.ErrorAs(t, err, &be)
+	require.Equal(t, RejectTimeout, be.Reason)
+	require.Equal(t, http.StatusServiceUnavailable, be.HTTPStatus())
+	require.Equal(t, uint64(1), s.Stats().Host.Rejections[RejectTimeout])
+	require.Zero(t, s.Stats().Host.Waiting)
+	r.Cancel()
+	hog.Cancel()
+	requireEmpty(t, s)
+}
+
 func errString(err error) string {
 	if err == nil {
 		return "ok"
