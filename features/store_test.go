@@ -441,12 +441,19 @@ func TestBudgetRefusals(t *testing.T) {
 	requireEmpty(t, s)
 }
 
+// newWaitingStore is a store of hostBlocks 4 KiB blocks of host memory whose admissions wait
+// up to a minute for memory.
+func newWaitingStore(t testing.TB, hostBlocks int64) *Store {
+	t.Helper()
+	s, err := New(Options{Host: PoolOptions{Capacity: hostBlocks * 4 * kib, BlockBytes: 4 * kib, Allocator: &MmapAllocator{}}, MaxWait: time.Minute})
+	require.NoError(t, err)
+	return s
+}
+
 // A waiting admission proceeds when memory comes free, first come first served: a small
 // request arriving later does not pass a large one waiting ahead.
 func TestBudgetWaitFIFO(t *testing.T) {
-	o := Options{Host: PoolOptions{Capacity: 64 * kib, BlockBytes: 4 * kib, Allocator: &MmapAllocator{}}, MaxWait: time.Minute}
-	s, err := New(o)
-	require.NoError(t, err)
+	s := newWaitingStore(t, 16)
 	hog, _ := s.Begin("hog", Policy{})
 	admitEncode(t, hog, item("h1", 32*kib), 0)
 	admitEncode(t, hog, item("h3", 16*kib), 0)
@@ -477,7 +484,7 @@ func TestBudgetWaitFIFO(t *testing.T) {
 	hog2.Cancel()
 	newcomer, _ := s.Begin("newcomer", Policy{})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	_, _, err = newcomer.Admit(ctx, item("newcomer", 4*kib))
+	_, _, err := newcomer.Admit(ctx, item("newcomer", 4*kib))
 	cancel()
 	require.ErrorIs(t, err, ErrBudget) // its deadline passed in the queue
 	newcomer.Cancel()
@@ -516,14 +523,12 @@ func (expiredCtx) Done() <-chan struct{} {
 // A deadline that passes while waiting is the budget's timeout (503, Retry-After), however
 // the wait learns of it; only a cancelled client gets the context's own error.
 func TestBudgetWaitDeadlineIsTimeout(t *testing.T) {
-	o := Options{Host: PoolOptions{Capacity: 8 * kib, BlockBytes: 4 * kib, Allocator: &MmapAllocator{}}, MaxWait: time.Minute}
-	s, err := New(o)
-	require.NoError(t, err)
+	s := newWaitingStore(t, 2)
 	hog, _ := s.Begin("hog", Policy{})
 	admitEncode(t, hog, item("h", 8*kib), 0)
 
 	r, _ := s.Begin("r", Policy{})
-	_, _, err = r.Admit(expiredCtx{context.Background()}, item("r", 4*kib))
+	_, _, err := r.Admit(expiredCtx{context.Background()}, item("r", 4*kib))
 	var be *BudgetError
 	require.ErrorAs(t, err, &be)
 	require.Equal(t, RejectTimeout, be.Reason)
