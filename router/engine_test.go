@@ -210,3 +210,64 @@ func FuzzEngineLive(f *testing.F) {
 		}
 	})
 }
+
+// A block stored again under another key than the one the engine remembers (a cap evicted its
+// parent, and this time no sibling stood in the parent's way: keys.go) moves: the worker's bits
+// at the old key go, nothing leaks there, and the tiers it still holds it on come along.
+func TestEngineRestoreMovesKey(t *testing.T) {
+	r := newRand(t)
+	g := newEngineRig(t, 2, map[string]int{"GPU": 0, "CPU": 1})
+	ix, w, e := g.ix, g.w, g.eng
+	x, err := ix.AddWorker(0)
+	require.NoError(t, err)
+	c := newConvo(r, 3) // blocks a0, p1, b2
+	// A sibling of p1 (same first block) is stored first by another worker, so p1 branches.
+	sib := append(append([]uint32(nil), c.tokens[:16]...), c.tokens[16:32]...)
+	for i := 16; i < 32; i++ {
+		sib[i] ^= 1
+	}
+	h, _ := NewHasher(16)
+	sibSeqs, _ := h.Sequence(nil, sib, HashSeed, nil)
+	sibKeys := make([]uint64, 2)
+	ix.Store(x, 0, 0, sibSeqs, sibKeys)
+
+	stored := func(a, b int, medium string) {
+		ev := &Event{Kind: BlockStored, Hashes: c.engine[a:b], Tokens: c.tokens[a*16 : b*16], Medium: medium, Group: -1}
+		if a > 0 {
+			ev.Parent, ev.HasParent = c.engine[a-1], true
+		}
+		e.applyEvent(ev)
+	}
+	removed := func(a, b int, medium string) {
+		e.applyEvent(&Event{Kind: BlockRemoved, Hashes: c.engine[a:b], Medium: medium, Group: -1})
+	}
+	stored(0, 3, "GPU")
+	stored(0, 3, "CPU")
+	p1, _ := e.lookup(c.engine[1])
+	b2, _ := e.lookup(c.engine[2])
+	require.NotZero(t, p1.key&branchBit, "p1 went to its branch key")
+	require.Equal(t, 3, g.overlap(c.ours, 0))
+
+	// A cap evicts p1 on both tiers behind the engine's back; then the sibling goes away.
+	ix.Remove(w, 0, []uint64{p1.key})
+	ix.Remove(w, 1, []uint64{p1.key})
+	ix.Remove(x, 0, sibKeys[1:])
+	stored(1, 3, "GPU") // vLLM stores p1 and b2 again: now under their child keys
+	p1n, _ := e.lookup(c.engine[1])
+	b2n, _ := e.lookup(c.engine[2])
+	require.NotEqual(t, p1.key, p1n.key)
+	require.NotEqual(t, b2.key, b2n.key)
+	require.Equal(t, int64(3), ix.Blocks(), "a0, and p1 and b2 under their new keys only")
+	require.Equal(t, int64(3), ix.Held(w, 0))
+	require.Equal(t, int64(3), ix.Held(w, 1), "the CPU copies moved with them")
+
+	// The GPU copies go; the CPU ones still count on tier 1.
+	removed(1, 3, "GPU")
+	require.Equal(t, 1, g.overlap(c.ours, 0))
+	require.Equal(t, 3, g.overlap(c.ours, 1))
+	removed(0, 3, "CPU")
+	removed(0, 1, "GPU")
+	require.Zero(t, ix.Held(w, 0))
+	require.Zero(t, ix.Held(w, 1))
+	require.Equal(t, int64(1), ix.Blocks(), "only the other worker's a0")
+}

@@ -155,10 +155,23 @@ func (e *engineSim) store(w Worker, tier int, c []uint64, a, b int) error {
 				return fmt.Errorf("worker %d: block %#x changed keys while held: %#x, then %#x", w, c[a+i], old, k)
 			}
 			// A cap evicted a block before it and the block went elsewhere this time: drop what
-			// the worker may still hold under the old key, as Engine.store does.
+			// the worker may still hold under the old key and store its other tiers under the
+			// new one, as Engine.store does.
+			pk := parent
+			if i > 0 {
+				pk = e.buf[i-1]
+			}
 			for t := range e.mod.tiers {
-				if e.holds(w, t, c[a+i]) {
-					e.ix.Remove(w, t, []uint64{old})
+				if !e.holds(w, t, c[a+i]) {
+					continue
+				}
+				e.ix.Remove(w, t, []uint64{old})
+				if t != tier {
+					var nk [1]uint64
+					e.ix.Store(w, t, pk, c[a+i:a+i+1], nk[:])
+					if nk[0] != k { // the cap evicted it meanwhile: Engine.move drops the tier
+						e.ix.Remove(w, t, nk[:])
+					}
 				}
 			}
 		}
