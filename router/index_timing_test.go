@@ -19,6 +19,7 @@ import (
 //
 //	BenchmarkMatch4K          (a) one 4K-token prompt (256 blocks) per lookup: p50, p99, and
 //	                          the memory floor of such lookups (their own lines, prefetched)
+//	BenchmarkLinesOverPages       what the floor is made of: 64 lines over 64 to 8 pages
 //	BenchmarkMatch4KApart     (a) the same, index and baseline timed in separate stretches
 //	BenchmarkMatch4KHalfCached    a prompt whose second half is new: the lookup ends mid-way
 //	BenchmarkEventsWhileMatching (b) block events applied per second by 2 writers while a reader
@@ -270,6 +271,55 @@ func BenchmarkMatch4K(b *testing.B) {
 	b.ReportMetric(noise.quantile(0.5), "cached-p50-ns")
 	b.ReportMetric(noise.quantile(0.99), "cached-p99-ns")
 	b.ReportMetric(noise.quantile(0.999), "cached-p999-ns")
+}
+
+// What the memory floor is made of: loading 64 cache lines (a 256-block lookup's two lines per
+// group) from a 64 MB buffer, all prefetched at once and then loaded, spread over 64, 32, 16 or 8
+// pages (4 KB), and 128 lines over 32 pages (what the lookup prefetches: four lines per group).
+// Between loads, 2,048 random lines of another 128 MB evict caches and TLB, as a busy router's
+// other work would. On a VM a page's first touch costs a nested page walk, so the number of
+// pages, more than the number of lines, sets the floor.
+func BenchmarkLinesOverPages(b *testing.B) {
+	buf := make([]uint64, 64<<20/8)
+	other := make([]uint64, 128<<20/8)
+	for i := range buf {
+		buf[i] = uint64(i)
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	layouts := []struct {
+		name         string
+		pages, lines int // lines per page, adjacent
+	}{{"64x1", 64, 1}, {"32x2", 32, 2}, {"16x4", 16, 4}, {"8x8", 8, 8}, {"32x4", 32, 4}}
+	lat := make([]latencies, len(layouts))
+	addrs, ptrs := make([]uintptr, 0, 128), make([]*uint64, 0, 128)
+	var sum uint64
+	for b.Loop() {
+		for li, l := range layouts {
+			for range 2048 {
+				sum += other[r.IntN(len(other))]
+			}
+			addrs, ptrs = addrs[:0], ptrs[:0]
+			for range l.pages {
+				page := r.IntN(len(buf)/512) * 512 // 512 words: 4 KB
+				first := r.IntN(64/l.lines) * l.lines * 8
+				for j := range l.lines {
+					ptrs = append(ptrs, &buf[page+first+j*8])
+					addrs = append(addrs, uintptr(unsafe.Pointer(ptrs[len(ptrs)-1])))
+				}
+			}
+			t0 := time.Now()
+			prefetch(addrs)
+			for _, p := range ptrs {
+				sum += *p
+			}
+			lat[li] = append(lat[li], time.Since(t0))
+		}
+	}
+	runtime.KeepAlive(sum)
+	for li, l := range layouts {
+		b.ReportMetric(lat[li].quantile(0.5), l.name+"-p50-ns")
+	}
+	b.ReportMetric(lat[1].quantile(0.5)/lat[3].quantile(0.5), "x-32-vs-8-pages")
 }
 
 // (a') The same lookups with the index and the baseline timed in separate stretches of 4,096
