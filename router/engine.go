@@ -283,38 +283,39 @@ func (e *Engine) store(ev *Event, tier int) {
 			if i > 0 {
 				pk = e.keys[i-1]
 			}
-			b.tiers = e.move(b, pk, e.seqs[i], e.keys[i], tier)
+			b.tiers = moveKey(e.ix, e.worker, b.tiers, b.key, pk, e.seqs[i], e.keys[i], tier)
 		}
 		b.seq, b.key, b.seed, b.tiers = e.seqs[i], e.keys[i], seed, b.tiers|1<<tier
 		e.remember(eh, b)
 	}
 }
 
-// move handles a block just stored on tier under key, which the engine held under another key
-// b.key (a cap evicted a block before it, and this time a sibling decided otherwise: keys.go).
-// The worker's bits at the old key would never be removed, so they go; the block's other tiers
-// are stored under the new key (parent key pk, sequence hash seq). It returns the tiers the
-// worker now holds the block on besides tier.
-func (e *Engine) move(b engineBlock, pk, seq, key uint64, tier int) uint8 {
-	var held uint8
-	for t := range e.ix.Options().Tiers {
-		if b.tiers&(1<<t) == 0 {
+// moveKey handles a block (sequence hash seq, parent key pk) that worker w just stored on tier
+// under key, and held on the tiers in held under another key, old (a cap evicted a block
+// before it, and this time a sibling decided otherwise: keys.go). The worker's bits at the old
+// key would never be removed, so they go; its other tiers are stored under the new key. It
+// returns the tiers the worker now holds the block on besides tier. Engine.store calls it, and
+// so does the model test's engine.
+func moveKey(ix *Index, w Worker, held uint8, old, pk, seq, key uint64, tier int) uint8 {
+	var moved uint8
+	for t := range ix.Options().Tiers {
+		if held&(1<<t) == 0 {
 			continue
 		}
-		e.ix.Remove(e.worker, t, []uint64{b.key})
+		ix.Remove(w, t, []uint64{old})
 		if t == tier {
 			continue
 		}
 		var k [1]uint64
-		e.ix.Store(e.worker, t, pk, []uint64{seq}, k[:])
+		ix.Store(w, t, pk, []uint64{seq}, k[:])
 		if k[0] != key { // the index changed meanwhile (a cap evicted the block at key, or another
 			// engine's sibling came or went): drop the tier rather than track two keys
-			e.ix.Remove(e.worker, t, k[:])
+			ix.Remove(w, t, k[:])
 			continue
 		}
-		held |= 1 << t
+		moved |= 1 << t
 	}
-	return held
+	return moved
 }
 
 func (e *Engine) remove(ev *Event, tier int) {

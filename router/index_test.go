@@ -161,19 +161,13 @@ func (e *engineSim) store(w Worker, tier int, c []uint64, a, b int) error {
 			if i > 0 {
 				pk = e.buf[i-1]
 			}
+			var held uint8
 			for t := range e.mod.tiers {
-				if !e.holds(w, t, c[a+i]) {
-					continue
-				}
-				e.ix.Remove(w, t, []uint64{old})
-				if t != tier {
-					var nk [1]uint64
-					e.ix.Store(w, t, pk, c[a+i:a+i+1], nk[:])
-					if nk[0] != k { // the cap evicted it meanwhile: Engine.move drops the tier
-						e.ix.Remove(w, t, nk[:])
-					}
+				if e.holds(w, t, c[a+i]) {
+					held |= 1 << t
 				}
 			}
+			moveKey(e.ix, w, held, old, pk, c[a+i], k, tier)
 		}
 		e.keys[w][c[a+i]] = k
 	}
