@@ -91,6 +91,9 @@ func NewIndex(opts IndexOptions) (*Index, error) {
 	}
 	for i := range ix.shards {
 		ix.shards[i].tab.Store(newTable(minSlots, ix.stride))
+		if ix.stride == 2 { // one mask word, one tier: lookups read group summaries (summary.go)
+			ix.shards[i].setSum(newTable(minSlots, 2))
+		}
 		ix.shards[i].scratch = make([]uint64, ix.stride-1)
 	}
 	for i := range ix.workers {
@@ -175,6 +178,8 @@ func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) i
 	var ahead [matchRun]uint64
 	var addrs [2 * matchRun]uintptr
 	var last stored
+	// A group's summary (summary.go) is recomputed once per run of its blocks that changed.
+	home, dirty := uint64(0), false
 	for i, seq := range seqs {
 		if i%matchRun == 0 { // prefetch where the next blocks go if nothing branched
 			p := parent
@@ -190,13 +195,23 @@ func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) i
 		}
 		key, isNew, st := ix.store1(parent, seq, last, word, bit)
 		last = st
+		if h := homeOf(key); h != home || i == 0 {
+			if dirty {
+				ix.resum(home)
+			}
+			home, dirty = h, false
+		}
 		if isNew {
 			added++
+			dirty = true
 		}
 		if keys != nil {
 			keys[i] = key
 		}
 		parent = key
+	}
+	if dirty {
+		ix.resum(home)
 	}
 	ix.workers[w].counts[tier].Add(int64(added))
 	ix.enforceCap(w, tier)
@@ -267,6 +282,18 @@ func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (
 	return ck, true, stored{true, sc.redirects}
 }
 
+// resum recomputes the summary of the group with home `home` (summary.go), if the index keeps
+// summaries.
+func (ix *Index) resum(home uint64) {
+	if ix.stride != 2 {
+		return
+	}
+	s := ix.shardOf(home)
+	s.mu.Lock()
+	s.resum(home)
+	s.mu.Unlock()
+}
+
 // Remove records that worker w no longer holds the blocks on tier (by the keys Store returned).
 // Blocks nobody holds any more are deleted at once. It returns how many entries were removed.
 func (ix *Index) Remove(w Worker, tier int, keys []uint64) int {
@@ -282,6 +309,7 @@ func (ix *Index) clearEach(w Worker, tier int, keys []uint64) int {
 	word += tier * ix.words
 	changed := 0
 	var addrs [2 * matchRun]uintptr
+	dirty := false // a bit of the current group changed: its summary is recomputed at the group's end
 	for i, h := range keys {
 		if i%matchRun == 0 {
 			ix.prefetchSlots(keys[i:min(i+matchRun, len(keys))], addrs[:0])
@@ -291,6 +319,13 @@ func (ix *Index) clearEach(w Worker, tier int, keys []uint64) int {
 		s.mu.Lock()
 		if s.clearBit(key, word, bit) {
 			changed++
+			dirty = true
+		}
+		if home := homeOf(key); i+1 == len(keys) || homeOf(keyOf(keys[i+1])) != home {
+			if dirty {
+				s.resum(home)
+			}
+			dirty = false
 		}
 		s.mu.Unlock()
 	}
@@ -492,13 +527,31 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 	keys := m.keys
 	active := ^uint64(0)
 	var addrs [2 * matchRun]uintptr
-	ix.prefetchGroups1(keys[:min(matchRun, len(keys))], addrs[:0])
-	for base := 0; base < len(keys); base += matchRun {
-		run := keys[base:min(base+matchRun, len(keys))]
-		if next := base + matchRun; next < len(keys) {
-			ix.prefetchGroups1(keys[next:min(next+matchRun, len(keys))], addrs[:0])
-		}
+	var cums, sks [sumWindow]uint64
+	const window = sumWindow * keyGroup
+	prefetch(ix.prefetchSums(keys[:min(window, len(keys))], &sks, addrs[:0]))
+	for base := 0; base < len(keys); base += window {
+		run := keys[base:min(base+window, len(keys))]
+		next := keys[min(base+window, len(keys)):min(base+2*window, len(keys))]
+		firsts := ix.groupSums(run, next, &cums, &sks, addrs[:0])
 		for j := 0; j < len(run); {
+			if j%keyGroup == 0 && j+keyGroup <= len(run) {
+				// A whole group from its start: skip it when its summary says no worker's overlap
+				// ends in it (summary.go). The first group of the prompt only when its first block
+				// has the summary's holders: they are the lookup's workers.
+				if c := cums[j/keyGroup]; c != 0 {
+					if base+j == 0 {
+						if firsts&1 != 0 {
+							active = c
+							j += keyGroup
+							continue
+						}
+					} else if active&c == active {
+						j += keyGroup
+						continue
+					}
+				}
+			}
 			key := run[j]
 			s := ix.shardOf(key)
 			v := s.version.Load()
@@ -608,21 +661,6 @@ func branch(keys, seqs []uint64) {
 // miss buffers (64 blocks are 8 groups: 16 lines and the 16 after them), few enough that a
 // prompt whose match ends early wastes little.
 const matchRun = 64
-
-// prefetchGroups1 is prefetchSlots for match1 (one mask word: 16-byte slots) and keys as
-// ChainKeys gives them from a group's start: keys[0], keys[8], ... start groups. For each group
-// it prefetches the group's two lines and the two after them (where a collision pushes a
-// group), without looking at the other keys. An address past the table's end is harmless (a
-// prefetch is a hint); the lines a wrapped group has at the table's start are not prefetched.
-func (ix *Index) prefetchGroups1(keys []uint64, addrs []uintptr) {
-	for g := 0; g < len(keys); g += keyGroup {
-		key := keys[g]
-		t := ix.shardOf(key).tab.Load()
-		p := uintptr(unsafe.Pointer(unsafe.SliceData(t.slots))) + uintptr(key&t.mask)*16
-		addrs = append(addrs, p, p+64, p+128, p+192)
-	}
-	prefetch(addrs)
-}
 
 // prefetchHome prefetches key's home slot.
 func (ix *Index) prefetchHome(key uint64) {

@@ -275,6 +275,9 @@ func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 		if got, want := ix.Entries(), mod.entries(); got != want {
 			return fmt.Errorf("step %d: %d entries, model %d", step, got, want)
 		}
+		if err := ix.checkSummaries(); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
 		if got, want := ix.Blocks(), int64(len(mod.held)); got != want {
 			return fmt.Errorf("step %d: %d blocks, model %d", step, got, want)
 		}
@@ -729,6 +732,9 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 		capped[Worker(w)] = c.capacity > 0 && Worker(w) != pinned
 	}
 	if err := checkBlocksExactly(ix, u, all, capped); err != nil {
+		return fmt.Errorf("after the writers: %w", err)
+	}
+	if err := ix.checkSummaries(); err != nil { // every group's last write recomputed its summary
 		return fmt.Errorf("after the writers: %w", err)
 	}
 	var m Match

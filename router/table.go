@@ -21,7 +21,13 @@ import (
 type shard struct {
 	version atomic.Uint64
 	tab     atomic.Pointer[table]
-	_       [48]byte // keep writers' lock off the readers' cache line
+	sum     atomic.Pointer[table] // group summaries (summary.go); nil where the index keeps none
+	// sum's slots and mask, on this line: a lookup reads 32 groups' summaries, and a load of the
+	// table's header before each slot would be another cache miss in the way. Written with sum,
+	// under an odd version.
+	sumSlots atomic.Pointer[atomic.Uint64]
+	sumMask  atomic.Uint64
+	_        [24]byte // keep writers' lock off the readers' cache line
 
 	mu      sync.Mutex // held by writers; guards everything below and all writes to tab's slots
 	scratch []uint64   // mask words of a key being inserted
@@ -337,7 +343,8 @@ func (s *shard) swap(nt *table) *table {
 func (s *shard) clearWorker(word int, bit uint64, t0, t1, wordsPerTier, from, limit int, cleared []int64) int {
 	t := s.tab.Load()
 	for i := from; i < t.size(); {
-		if t.slots[i*t.stride].Load() == 0 {
+		key := t.slots[i*t.stride].Load()
+		if key == 0 {
 			i++
 			continue
 		}
@@ -365,6 +372,9 @@ func (s *shard) clearWorker(word int, bit uint64, t0, t1, wordsPerTier, from, li
 			}
 		} else {
 			i++
+		}
+		if hit {
+			s.resum(homeOf(key))
 		}
 		if limit == 0 {
 			return i

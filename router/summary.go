@@ -1,0 +1,274 @@
+package router
+
+import (
+	"math/bits"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Group summaries: a lookup that reads one word for a whole key group (keys.go) instead of its
+// eight slots.
+//
+// A 4K-token lookup touches 32 groups, each on its own page of the index's tables, and reads
+// every block's slot to find where each worker's overlap ends. Mostly none ends there: a prompt's
+// holders change at a handful of blocks (where a shared system prompt ends, where a worker's copy
+// ends). So each shard of a one-word, one-tier index also keeps, per group whose eight blocks are
+// all in the table under their child keys (no branch, exactly one block at the group's first
+// position), the AND of their holder masks: the workers that hold the whole group. A lookup reads
+// that word for every group first, all of them prefetched at once from a table a tenth the
+// index's size, and walks only the groups where its set of workers would shrink, or that have no
+// summary (a branch, the prompt's last blocks, where the match ends).
+//
+// A summary's key is a mix of the group's eight keys (their identity bits and home), with the
+// group's home in its low 32 bits, so only a lookup whose eight keys are exactly those finds it:
+// the summary stands for the same eight slots the walk would read. Writers recompute a group's
+// summary under its shard's lock after every change to a key with that home (Store, Remove, a
+// cleared worker, a cap eviction), and readers check the shard's version around the read as they
+// do for the slots, so a lookup sees a summary that is at most as stale as the slots it replaces.
+// The first group of a prompt needs one more fact: that every worker holding its first block holds
+// all eight (a lookup's workers are those of the first block); sumFirst in the key says so.
+
+const (
+	sumFirst = 1 << 32 // in a summary's key: the group's first block has exactly the summary's holders
+	sumMark  = 1 << 63 // set in every summary key, so none is 0 (an empty slot)
+	// sumWindow is how many groups' summaries a lookup reads (and prefetches) at once: a 4K-token
+	// prompt's 32, and the next window's while it walks.
+	sumWindow = 32
+	// sumWalksAhead is how many groups a lookup expects to walk per window and prefetches the
+	// slots of: a few holder changes per prompt, a branch, its end.
+	sumWalksAhead = 8
+)
+
+// sumKey is the summary key of a group with keys ks (ks[0] starts it): a mix of all eight with
+// the group's home in the low 32 bits. The mix is xor of rotated keys, multiplied: the keys are
+// hashes already, and it must be cheap (a lookup mixes 32 groups).
+func sumKey(ks *[keyGroup]uint64) uint64 {
+	h := ks[0] ^ bits.RotateLeft64(ks[1], 8) ^ bits.RotateLeft64(ks[2], 16) ^ bits.RotateLeft64(ks[3], 24) ^
+		bits.RotateLeft64(ks[4], 40) ^ bits.RotateLeft64(ks[5], 48) ^ bits.RotateLeft64(ks[6], 56) ^
+		bits.RotateLeft64(ks[7], 4)
+	h *= 0x9e3779b97f4a7c15
+	return h&^(keyHomeMask|sumFirst) | sumMark | ks[0]&keyHomeMask
+}
+
+// homeOf is the home of the group a key's slot run belongs to: its home bits, position cleared.
+func homeOf(key uint64) uint64 { return key & keyHomeMask &^ keyPosMask }
+
+// resum recomputes the summary of the group with home `home` (keys.go) in s, which must be
+// locked: it exists when the table holds exactly one key at the group's first position and a
+// child key at each of the other seven, and some worker holds all eight.
+func (s *shard) resum(home uint64) {
+	st := s.sum.Load()
+	if st == nil {
+		return
+	}
+	t := s.tab.Load()
+	var ks [keyGroup]uint64
+	cum, first, ok := ^uint64(0), uint64(0), true
+	for q := range keyGroup {
+		i, n := t.atHome(home + uint64(q))
+		if n != 1 {
+			ok = false
+			break
+		}
+		ks[q] = t.slots[i*2].Load()
+		m := t.slots[i*2+1].Load()
+		if q == 0 {
+			first = m
+		}
+		if cum &= m; cum == 0 {
+			ok = false
+			break
+		}
+	}
+	old := st.sumAt(home)
+	var key uint64
+	if ok {
+		key = sumKey(&ks)
+		if first == cum {
+			key |= sumFirst
+		}
+		if old >= 0 && st.slots[old*2].Load() == key {
+			st.slots[old*2+1].Store(cum)
+			return
+		}
+	}
+	if old >= 0 {
+		s.version.Add(1)
+		st.deleteAt(old)
+		s.version.Add(1)
+		if st.size() > minSlots && int(st.used.Load())*8 < st.size() {
+			st = s.swapSum(st.rebuilt(st.size() / 2))
+		}
+	}
+	if ok {
+		if (int(st.used.Load())+1)*2 > st.size() { // at most half full: most lookups of absent summaries end at once
+			st = s.swapSum(st.rebuilt(st.size() * 2))
+		}
+		st.insertNew(key, []uint64{cum})
+	}
+}
+
+func (s *shard) swapSum(nt *table) *table {
+	s.version.Add(1)
+	s.setSum(nt)
+	s.version.Add(1)
+	return nt
+}
+
+// setSum installs nt as the shard's summary table (see swapSum for a live shard).
+func (s *shard) setSum(nt *table) {
+	s.sum.Store(nt)
+	s.sumSlots.Store(&nt.slots[0])
+	s.sumMask.Store(nt.mask)
+}
+
+// atHome finds the keys of a one-word table whose home bits are h that a group's walk could
+// read there: at a group's first position (h aligned) every key, elsewhere child keys only (a
+// branch key starts a slot run of its own). It returns the slot of the first and how many there
+// are (child keys: at most one, keys.go).
+func (t *table) atHome(h uint64) (slot, n int) {
+	slot = -1
+	first := h&keyPosMask == 0
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
+		k := t.slots[i*2].Load()
+		if k == 0 {
+			return slot, n
+		}
+		if k&keyHomeMask == h && (first || continues(k)) {
+			if n == 0 {
+				slot = int(i)
+			}
+			n++
+			if !first {
+				return slot, n
+			}
+		}
+	}
+}
+
+// sumAt is the slot of the summary with home `home` in a summary table, or -1 (a home has at
+// most one: resum keeps it so).
+func (t *table) sumAt(home uint64) int {
+	for i := home & t.mask; ; i = (i + 1) & t.mask {
+		k := t.slots[i*2].Load()
+		if k == 0 {
+			return -1
+		}
+		if k&keyHomeMask == home {
+			return int(i)
+		}
+	}
+}
+
+// groupSums reads the summaries of full groups of keys (as ChainKeys gives them, keys[0]
+// starting a group): for group g, cums[g] is the summary's holders (0: none, or a writer moved
+// summaries meanwhile and the group is walked) and firsts has bit g set when its first block's
+// holders are the same. It prefetches the summaries of the groups after them (next, same shape)
+// for the next window, and returns a bit per group that a walk will likely read, for which it
+// prefetches the slots (at most sumWalksAhead, and the partial group at the end, if any).
+func (ix *Index) groupSums(keys, next []uint64, cums *[sumWindow]uint64, sks *[sumWindow]uint64,
+	addrs []uintptr) (firsts uint64) {
+	ng := len(keys) / keyGroup
+	for g := range ng {
+		if g >= 2 && cums[g-1] == 0 && cums[g-2] == 0 {
+			// Two groups in a row without a summary: the match most likely ends there (a branch is
+			// one group). The rest is walked if the lookup gets there.
+			clear(cums[g:ng])
+			break
+		}
+		key := keys[g*keyGroup]
+		s := ix.shardOf(key)
+		var c uint64
+		for spins := 0; ; spins++ {
+			v := s.version.Load()
+			if v&1 == 0 {
+				var first bool
+				c, first = readSum(s.sumSlots.Load(), s.sumMask.Load(), sks[g])
+				if s.version.Load() == v {
+					if first {
+						firsts |= 1 << g
+					}
+					break
+				}
+			}
+			if spins == 3 { // a writer keeps moving this shard's summaries: walk the group
+				c = 0
+				break
+			}
+		}
+		cums[g] = c
+	}
+	// Prefetch the next window's summaries now, and the slots of the groups a walk will read:
+	// those without a summary and those where the workers (as far as the summaries tell) shrink.
+	addrs = ix.prefetchSums(next, sks, addrs[:0])
+	run, walks := ^uint64(0), 0
+	if firsts&1 != 0 {
+		run = cums[0]
+	}
+	ends := false // the match likely ends in the group last prefetched
+	for g := range ng {
+		c := cums[g]
+		if c != 0 && run&c == run && (g > 0 || firsts&1 != 0) {
+			continue
+		}
+		if walks++; walks > sumWalksAhead {
+			break
+		}
+		addrs = ix.appendGroup1(addrs, keys[g*keyGroup])
+		if ends = c == 0 && (g+1 == ng || cums[g+1] == 0); ends {
+			break
+		}
+		run &= c
+	}
+	if len(keys)%keyGroup != 0 && walks <= sumWalksAhead && !ends {
+		addrs = ix.appendGroup1(addrs, keys[ng*keyGroup])
+	}
+	prefetch(addrs)
+	return firsts
+}
+
+// readSum returns the holders of the summary with key sk (0: none) in the summary table with
+// these slots and mask, and whether its first block has the same holders. The caller checks the
+// shard's version around it.
+func readSum(slots *atomic.Uint64, mask, sk uint64) (cum uint64, first bool) {
+	p := unsafe.Pointer(slots)
+	for i := sk & mask; ; i = (i + 1) & mask {
+		k := (*atomic.Uint64)(unsafe.Add(p, i*16)).Load()
+		if k&^sumFirst == sk {
+			return (*atomic.Uint64)(unsafe.Add(p, i*16+8)).Load(), k&sumFirst != 0
+		}
+		if k == 0 {
+			return 0, false
+		}
+	}
+}
+
+// prefetchSums computes the summary keys of the full groups of keys into sks and appends their
+// slots' addresses to addrs (prefetching when full), returning addrs.
+func (ix *Index) prefetchSums(keys []uint64, sks *[sumWindow]uint64, addrs []uintptr) []uintptr {
+	for g := range len(keys) / keyGroup {
+		k := keys[g*keyGroup:]
+		sk := sumKey((*[keyGroup]uint64)(k))
+		sks[g] = sk
+		s := ix.shardOf(k[0])
+		if len(addrs) == cap(addrs) {
+			prefetch(addrs)
+			addrs = addrs[:0]
+		}
+		// (Read without the version: a prefetch is a hint, and a torn pair only wastes it.)
+		addrs = append(addrs, uintptr(unsafe.Pointer(s.sumSlots.Load()))+uintptr(sk&s.sumMask.Load())*16)
+	}
+	return addrs
+}
+
+// appendGroup1 appends the addresses of a one-word group's two lines and the two after them
+// (where a collision pushes a group) to addrs, prefetching when full.
+func (ix *Index) appendGroup1(addrs []uintptr, key uint64) []uintptr {
+	if len(addrs)+4 > cap(addrs) {
+		prefetch(addrs)
+		addrs = addrs[:0]
+	}
+	t := ix.shardOf(key).tab.Load()
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(t.slots))) + uintptr(key&t.mask)*16
+	return append(addrs, p, p+64, p+128, p+192)
+}

@@ -1,0 +1,129 @@
+package router
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// checkSummaries compares each shard's group summaries (summary.go) with summaries computed
+// afresh from its slots (quiescent): grouped by home bits, a group has one when its first
+// position holds exactly one key, each other position exactly one child key, and some worker
+// holds all eight.
+func (ix *Index) checkSummaries() error {
+	for si := range ix.shards {
+		s := &ix.shards[si]
+		st := s.sum.Load()
+		if st == nil {
+			continue
+		}
+		t := s.tab.Load()
+		at := map[uint64][][2]uint64{} // home bits → keys there (and masks) a walk could read
+		for i := range t.size() {
+			k := t.slots[i*2].Load()
+			if k != 0 && (keyPos(k) == 0 || continues(k)) {
+				at[k&keyHomeMask] = append(at[k&keyHomeMask], [2]uint64{k, t.slots[i*2+1].Load()})
+			}
+		}
+		want := map[uint64]uint64{} // summary key → holders
+		for h, first := range at {
+			if keyPos(h) != 0 || len(first) != 1 {
+				continue
+			}
+			var ks [keyGroup]uint64
+			cum := ^uint64(0)
+			for q := range keyGroup {
+				e := at[h+uint64(q)]
+				if len(e) != 1 {
+					cum = 0
+					break
+				}
+				ks[q], cum = e[0][0], cum&e[0][1]
+			}
+			if cum != 0 {
+				k := sumKey(&ks)
+				if first[0][1] == cum {
+					k |= sumFirst
+				}
+				want[k] = cum
+			}
+		}
+		got := map[uint64]uint64{}
+		for i := range st.size() {
+			if k := st.slots[i*2].Load(); k != 0 {
+				got[k] = st.slots[i*2+1].Load()
+			}
+		}
+		if int(st.used.Load()) != len(got) {
+			return fmt.Errorf("shard %d: summary table counts %d, holds %d", si, st.used.Load(), len(got))
+		}
+		for _, k := range slices.Sorted(maps.Keys(want)) {
+			if got[k] != want[k] {
+				return fmt.Errorf("shard %d: group %#x: summary %#x, want %#x", si, k&keyHomeMask, got[k], want[k])
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(got)) {
+			if _, ok := want[k]; !ok {
+				return fmt.Errorf("shard %d: group %#x: summary %#x that should not be there", si, k&keyHomeMask, got[k])
+			}
+		}
+		for k := range got {
+			if st.find(k) < 0 {
+				return fmt.Errorf("shard %d: summary %#x not found by its key", si, k)
+			}
+		}
+	}
+	return nil
+}
+
+// Summaries follow a group through stores, a partial remove, a branch and a clear, and a lookup
+// reads them: the whole-group fast path gives the walk's answer.
+func TestSummaryFollowsGroup(t *testing.T) {
+	ix, err := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 2})
+	require.NoError(t, err)
+	a, _ := ix.AddWorker(0)
+	b, _ := ix.AddWorker(0)
+	r := newRand(t)
+	chain := randomHashes(r, 3*keyGroup)
+	sums := func() int64 {
+		var n int64
+		for i := range ix.shards {
+			n += ix.shards[i].sum.Load().used.Load()
+		}
+		return n
+	}
+	var m Match
+	check := func(wantA, wantB int) {
+		t.Helper()
+		require.NoError(t, ix.checkSummaries())
+		ix.Match(chain, &m)
+		require.Equal(t, wantA, m.Blocks(a, 0), "worker a")
+		require.Equal(t, wantB, m.Blocks(b, 0), "worker b")
+	}
+	keys := make([]uint64, len(chain))
+	ix.Store(a, 0, 0, chain, keys)
+	require.EqualValues(t, 3, sums())
+	check(24, 0)
+	ix.Store(b, 0, 0, chain[:12], nil)
+	require.EqualValues(t, 3, sums())
+	check(24, 12)
+	// b drops the tail of its second group: that group's summary keeps a only.
+	ix.Remove(b, 0, keys[10:12])
+	check(24, 10)
+	// a drops a block in the middle: the group's summary goes (b no longer holds it either).
+	ix.Remove(a, 0, keys[13:14])
+	require.EqualValues(t, 2, sums())
+	check(13, 10)
+	// A sibling branching off block 4 goes to its branch key and leaves the group as it was.
+	sib := append(slices.Clone(chain[:5]), randomHashes(r, 11)...)
+	ix.Store(b, 0, keys[4], sib[5:], nil)
+	check(13, 10)
+	ix.ClearWorker(a)
+	check(0, 10)
+	ix.ClearWorker(b)
+	require.EqualValues(t, 0, sums())
+	require.NoError(t, ix.checkSummaries())
+}
