@@ -15,7 +15,7 @@ import (
 // ends). So each shard of a one-word, one-tier index also keeps, per group whose eight blocks are
 // all in the table under their child keys (no branch, exactly one block at the group's first
 // position), the AND of their holder masks: the workers that hold the whole group. A lookup reads
-// that word for every group first, all of them prefetched at once from a table a tenth the
+// that word for every group first, all of them prefetched at once from tables a quarter the
 // index's size, and walks only the groups where its set of workers would shrink, or that have no
 // summary (a branch, the prompt's last blocks, where the match ends).
 //

@@ -127,3 +127,29 @@ func TestSummaryFollowsGroup(t *testing.T) {
 	require.EqualValues(t, 0, sums())
 	require.NoError(t, ix.checkSummaries())
 }
+
+// A lookup through summaries allocates nothing once its Match has grown to the index's layout:
+// its scratch (summary keys, holders, prefetch addresses) lives on the stack.
+func TestMatchWithSummariesAllocatesNothing(t *testing.T) {
+	ix, err := NewIndex(DefaultIndexOptions())
+	require.NoError(t, err)
+	r := newRand(t)
+	chain := randomHashes(r, 600) // more than one window of summaries
+	for range 4 {
+		w, _ := ix.AddWorker(0)
+		ix.Store(w, 0, 0, chain, nil)
+	}
+	var m Match
+	ix.Match(chain, &m)
+	require.Equal(t, 600, m.Blocks(0, 0))
+	require.Zero(t, testing.AllocsPerRun(100, func() { ix.Match(chain, &m) }))
+}
+
+// Prompts longer than one window of summaries (sumWindow groups): the lookup reads the next
+// window's summaries while it walks, and must agree with the model across the boundary.
+func TestIndexAgainstModelLongPrompts(t *testing.T) {
+	r := newRand(t)
+	ix, err := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 4})
+	require.NoError(t, err)
+	require.NoError(t, checkAgainstModel(r, ix, newUniverse(r, 8, 3*sumWindow*keyGroup+5), 300))
+}
