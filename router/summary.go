@@ -182,8 +182,13 @@ func (ix *Index) groupSums(keys, next []uint64, cums *[sumWindow]uint64, sks *[s
 		for spins := 0; ; spins++ {
 			v := s.version.Load()
 			if v&1 == 0 {
+				// The slots and the mask are two words: only a version unchanged across both loads
+				// makes them a pair (a shrink between them would send the probe past the slots).
+				slots, mask := s.sumSlots.Load(), s.sumMask.Load()
 				var first bool
-				c, first = readSum(s.sumSlots.Load(), s.sumMask.Load(), sks[g])
+				if s.version.Load() == v {
+					c, first = readSum(slots, mask, sks[g])
+				}
 				if s.version.Load() == v {
 					if first {
 						firsts |= 1 << g
