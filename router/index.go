@@ -321,10 +321,8 @@ func (ix *Index) clearEach(w Worker, tier int, keys []uint64) int {
 			changed++
 			dirty = true
 		}
-		if home := homeOf(key); i+1 == len(keys) || homeOf(keyOf(keys[i+1])) != home {
-			if dirty {
-				s.resum(home)
-			}
+		if dirty && (i+1 == len(keys) || homeOf(keyOf(keys[i+1])) != homeOf(key)) {
+			s.resum(homeOf(key))
 			dirty = false
 		}
 		s.mu.Unlock()

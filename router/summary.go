@@ -96,7 +96,7 @@ func (s *shard) resum(home uint64) {
 		s.version.Add(1)
 		st.deleteAt(old)
 		s.version.Add(1)
-		if st.size() > minSlots && int(st.used.Load())*8 < st.size() {
+		if st.sparse() {
 			st = s.swapSum(st.rebuilt(st.size() / 2))
 		}
 	}
@@ -161,11 +161,12 @@ func (t *table) sumAt(home uint64) int {
 }
 
 // groupSums reads the summaries of full groups of keys (as ChainKeys gives them, keys[0]
-// starting a group): for group g, cums[g] is the summary's holders (0: none, or a writer moved
-// summaries meanwhile and the group is walked) and firsts has bit g set when its first block's
-// holders are the same. It prefetches the summaries of the groups after them (next, same shape)
-// for the next window, and returns a bit per group that a walk will likely read, for which it
-// prefetches the slots (at most sumWalksAhead, and the partial group at the end, if any).
+// starting a group; sks holds their summary keys, from prefetchSums): for group g, cums[g] is the
+// summary's holders (0: none, or a writer moved summaries meanwhile and the group is walked) and
+// the returned firsts has bit g set when its first block's holders are the same. It then
+// prefetches the summaries of the groups after them (next, same shape: their keys replace sks)
+// and the slots of the groups a walk will likely read (at most sumWalksAhead, and the partial
+// group at the end, if any).
 func (ix *Index) groupSums(keys, next []uint64, cums *[sumWindow]uint64, sks *[sumWindow]uint64,
 	addrs []uintptr) (firsts uint64) {
 	ng := len(keys) / keyGroup
@@ -176,32 +177,30 @@ func (ix *Index) groupSums(keys, next []uint64, cums *[sumWindow]uint64, sks *[s
 			clear(cums[g:ng])
 			break
 		}
-		key := keys[g*keyGroup]
-		s := ix.shardOf(key)
-		var c uint64
-		for spins := 0; ; spins++ {
+		// Read without locking, as slots are (written out here: a call per group costs). A writer
+		// moving the shard's summaries on every try makes the group one to walk.
+		s := ix.shardOf(keys[g*keyGroup])
+		cums[g] = 0
+		for range 4 {
 			v := s.version.Load()
-			if v&1 == 0 {
-				// The slots and the mask are two words: only a version unchanged across both loads
-				// makes them a pair (a shrink between them would send the probe past the slots).
-				slots, mask := s.sumSlots.Load(), s.sumMask.Load()
-				var first bool
-				if s.version.Load() == v {
-					c, first = readSum(slots, mask, sks[g])
-				}
-				if s.version.Load() == v {
-					if first {
-						firsts |= 1 << g
-					}
-					break
-				}
+			if v&1 != 0 {
+				continue
 			}
-			if spins == 3 { // a writer keeps moving this shard's summaries: walk the group
-				c = 0
+			// The slots and the mask are two words: only a version unchanged across both loads
+			// makes them a pair (a shrink between them would send the probe past the slots).
+			slots, mask := s.sumSlots.Load(), s.sumMask.Load()
+			if s.version.Load() != v {
+				continue
+			}
+			c, first := readSum(slots, mask, sks[g])
+			if s.version.Load() == v {
+				cums[g] = c
+				if first {
+					firsts |= 1 << g
+				}
 				break
 			}
 		}
-		cums[g] = c
 	}
 	// Prefetch the next window's summaries now, and the slots of the groups a walk will read:
 	// those without a summary and those where the workers (as far as the summaries tell) shrink.

@@ -71,6 +71,9 @@ func newTable(slots, stride int) *table {
 
 func (t *table) size() int { return int(t.mask) + 1 }
 
+// sparse reports whether t should shrink to half: under 1/8 full and above minSlots.
+func (t *table) sparse() bool { return t.size() > minSlots && int(t.used.Load())*8 < t.size() }
+
 // find returns the slot index holding key, or -1.
 func (t *table) find(key uint64) int {
 	i, _ := t.probe(key)
@@ -314,7 +317,7 @@ func (s *shard) delete(t *table, i int) {
 	s.version.Add(1)
 	s.deleteAt(t, i)
 	s.version.Add(1)
-	if t.size() > minSlots && int(t.used.Load())*8 < t.size() {
+	if t.sparse() {
 		s.swap(t.rebuilt(t.size() / 2))
 	}
 }
@@ -366,7 +369,7 @@ func (s *shard) clearWorker(word int, bit uint64, t0, t1, wordsPerTier, from, li
 			s.version.Add(1)
 			s.deleteAt(t, i)
 			s.version.Add(1)
-			if t.size() > minSlots && int(t.used.Load())*8 < t.size() {
+			if t.sparse() {
 				t = s.swap(t.rebuilt(t.size() / 2))
 				i = 0
 			}
