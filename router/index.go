@@ -427,11 +427,12 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	if len(seqs) == 0 {
 		return
 	}
-	m.keys = ChainKeys(m.keys[:0], seqs)
 	if ix.stride == 2 {
+		m.keys = resize(m.keys, len(seqs)) // match1 computes the keys of the groups it walks
 		ix.match1(seqs, m)
 		return
 	}
+	m.keys = ChainKeys(m.keys[:0], seqs)
 	// Prefetch the slots a run ahead, where the chain's keys put them (a branch moves only the
 	// rest of its group: keys.go).
 	var addrs [2 * matchRun]uintptr
@@ -514,9 +515,9 @@ func (m *Match) record(t, wd int, gone uint64, n int) {
 	}
 }
 
-// match1 is Match for one mask word and one tier; m.keys holds the query's keys as ChainKeys
-// gives them. Blocks are looked up in runs of matchRun; the slots of the next run are
-// prefetched before the current run is probed, so the cache misses of a long prompt overlap
+// match1 is Match for one mask word and one tier; m.keys has room for the query's keys, and it
+// computes those of the groups it walks (most it skips: summary.go). Blocks are looked up in
+// runs of matchRun; the slots of the next run are prefetched before the current run is probed, so the cache misses of a long prompt overlap
 // with each other and with the probing. A group's blocks (keys.go) usually sit in consecutive
 // slots: after probing for a group's first block, the lookup reads on from the slot after it
 // for as long as it finds the next key there, under one version check. A key found in a
@@ -527,11 +528,11 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 	var addrs [2 * matchRun]uintptr
 	var cums, sks [sumWindow]uint64
 	const window = sumWindow * keyGroup
-	prefetch(ix.prefetchSums(keys[:min(window, len(keys))], &sks, addrs[:0]))
+	prefetch(ix.prefetchSums(seqs[:min(window, len(seqs))], &sks, addrs[:0]))
 	for base := 0; base < len(keys); base += window {
 		run := keys[base:min(base+window, len(keys))]
-		next := keys[min(base+window, len(keys)):min(base+2*window, len(keys))]
-		firsts := ix.groupSums(run, next, &cums, &sks, addrs[:0])
+		next := seqs[min(base+window, len(seqs)):min(base+2*window, len(seqs))]
+		firsts := ix.groupSums(seqs[base:base+len(run)], next, &cums, &sks, addrs[:0])
 		for j := 0; j < len(run); {
 			if j%keyGroup == 0 && j+keyGroup <= len(run) {
 				// A whole group from its start: skip it when its summary says no worker's overlap
@@ -549,6 +550,9 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 						continue
 					}
 				}
+			}
+			if j%keyGroup == 0 { // a group to walk: its keys
+				fillKeys(run[j:min(j+keyGroup, len(run))], seqs[base+j:])
 			}
 			key := run[j]
 			s := ix.shardOf(key)
@@ -594,12 +598,13 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 					// A whole group, the common case: compare all its keys at once, no branch per
 					// block.
 					w := (*[keyGroup]uint64)(want)
-					// (^ and | bind alike in Go: each comparison needs its parentheses.)
-					if (g[2].Load()^w[1])|(g[4].Load()^w[2])|(g[6].Load()^w[3])|(g[8].Load()^w[4])|
-						(g[10].Load()^w[5])|(g[12].Load()^w[6])|(g[14].Load()^w[7]) == 0 {
-						act &= g[3].Load() & g[5].Load() & g[7].Load() & g[9].Load() &
-							g[11].Load() & g[13].Load() & g[15].Load()
-						n = keyGroup
+					diff, a := uint64(0), act
+					for q := 1; q < keyGroup; q++ {
+						diff |= g[2*q].Load() ^ w[q]
+						a &= g[2*q+1].Load()
+					}
+					if diff == 0 {
+						act, n = a, keyGroup
 					}
 				}
 				for ; act != 0 && n < len(want); n++ {
@@ -656,8 +661,8 @@ func branch(keys, seqs []uint64) {
 }
 
 // matchRun is how many blocks are prefetched ahead: enough misses in flight to fill the core's
-// miss buffers (64 blocks are 8 groups: 16 lines and the 16 after them), few enough that a
-// prompt whose match ends early wastes little.
+// miss buffers (64 blocks of a multi-word index: 4 groups, 16 lines or more), few enough that
+// a prompt whose match ends early wastes little.
 const matchRun = 64
 
 // prefetchHome prefetches key's home slot.
@@ -667,7 +672,7 @@ func (ix *Index) prefetchHome(key uint64) {
 }
 
 // prefetchSlots prefetches, for each run of keys that continue one another (a group's blocks,
-// keys.go), the lines of their slots, and for a one-word index (16-byte slots) the eight slots
+// keys.go), the lines of their slots, and for a one-word index (16-byte slots) the pushSlots
 // after them too (where a collision pushes a group: two more lines); for a key that starts no
 // such run, its slot's first line. It uses addrs as scratch (prefetching whenever it is full,
 // so any capacity will do). Writers use it too: a store or remove of a run of blocks misses the
@@ -684,7 +689,7 @@ func (ix *Index) prefetchSlots(keys []uint64, addrs []uintptr) {
 		if d := uint64(last - i); d > 0 && keyOf(keys[last])&keyHomeMask == (key+d)&keyHomeMask {
 			span = d + 1
 			if st == 2 {
-				span += keyGroup
+				span += pushSlots
 			}
 		} else {
 			last = i

@@ -11,9 +11,9 @@ import "slices"
 // group's home is the low 32 bits of its first block's sequence hash, aligned down to keyGroup,
 // and the block at position j of the group gets home + j. A key is the block's sequence hash
 // with its low 32 bits replaced by that: the index picks shard and slot from those bits, so a
-// group fills one run of adjacent slots (two cache lines for a one-word, one-tier index: homes
-// are aligned so that a group's slots start a line) and a 256-block lookup misses about 32
-// times instead of 256.
+// group fills one run of adjacent slots (four cache lines for a one-word, one-tier index, on one
+// page: homes are aligned so that a group's slots start a line) and a 256-block lookup misses
+// about 16 pages instead of 256.
 //
 // Branches. Conversations that branch from a shared prefix in the middle of a group would all
 // want the same slots for the rest of that group, and linear probing would line them up one
@@ -36,10 +36,17 @@ import "slices"
 // overestimated overlap.
 
 const (
-	keyGroup    = 8 // blocks per group: 8 × 16-byte slots are two cache lines
+	// keyGroup is how many blocks a group has. A lookup reads one summary per group (summary.go)
+	// and each on a page of its own, so larger groups mean fewer pages; but it walks a group
+	// where a conversation branches, and a branch moves the rest of its group (more for larger
+	// groups). Measured against 8 and 32 (README): 16.
+	keyGroup    = 16
 	keyHomeMask = 1<<32 - 1
 	keyPosMask  = keyGroup - 1 // a key's position in its group
 	branchBit   = 1 << 63      // set in branch keys, clear in child keys
+	// pushSlots is how many slots after a one-word group a lookup prefetches with it: two lines,
+	// where a collision in the linear-probing table pushes a group.
+	pushSlots = 8
 )
 
 // OwnKey is the key of a block that starts a group: its sequence hash, aligned down to keyGroup.
@@ -75,7 +82,14 @@ func continues(key uint64) bool { return key&keyPosMask != 0 && key&branchBit ==
 func ChainKeys(dst, seqs []uint64) []uint64 {
 	n := len(dst)
 	dst = slices.Grow(dst, len(seqs))[:n+len(seqs)]
-	out := dst[n:]
+	fillKeys(dst[n:], seqs)
+	return dst
+}
+
+// fillKeys sets each out[i] to the key ChainKeys gives seqs[i], where seqs[0] starts a group
+// (a sequence's first block, or any group's: a group's keys depend on its own blocks only).
+func fillKeys(out, seqs []uint64) {
+	seqs = seqs[:len(out)]
 	g := 0
 	for ; g+keyGroup <= len(out); g += keyGroup {
 		o, s := out[g:g+keyGroup:g+keyGroup], seqs[g:g+keyGroup:g+keyGroup]
@@ -84,11 +98,12 @@ func ChainKeys(dst, seqs []uint64) []uint64 {
 		home := o[0] & keyHomeMask                  // aligned: home + j is home | j
 		o[1], o[2], o[3] = s[1]&id|home|1, s[2]&id|home|2, s[3]&id|home|3
 		o[4], o[5], o[6], o[7] = s[4]&id|home|4, s[5]&id|home|5, s[6]&id|home|6, s[7]&id|home|7
+		o[8], o[9], o[10], o[11] = s[8]&id|home|8, s[9]&id|home|9, s[10]&id|home|10, s[11]&id|home|11
+		o[12], o[13], o[14], o[15] = s[12]&id|home|12, s[13]&id|home|13, s[14]&id|home|14, s[15]&id|home|15
 	}
 	var parent uint64
 	for ; g < len(out); g++ { // a group cut short by the sequence's end
 		parent = ChildKey(parent, seqs[g])
 		out[g] = parent
 	}
-	return dst
 }

@@ -7,40 +7,41 @@ import (
 )
 
 // Keys by the definition in keys.go, written out plainly: block i of a sequence belongs to
-// group i/8, whose home is the low 32 bits of its first block's sequence hash with the low 3
-// bits cleared; the key is the high 32 bits of the block's own hash and home + i%8.
+// group i/keyGroup, whose home is the low 32 bits of its first block's sequence hash with the
+// low bits of a position cleared; the key is the high 32 bits of the block's own hash and home +
+// i%keyGroup.
 func TestChainKeysByDefinition(t *testing.T) {
 	r := newRand(t)
 	seqs := randomHashes(r, 300)
 	keys := ChainKeys(nil, seqs)
 	require.Len(t, keys, len(seqs))
 	for i, k := range keys {
-		home := uint32(seqs[i/8*8]) &^ 7
-		want := seqs[i]&0xffff_ffff_0000_0000 | uint64(home+uint32(i%8))
-		if i%8 != 0 {
+		home := uint32(seqs[i/keyGroup*keyGroup]) &^ (keyGroup - 1)
+		want := seqs[i]&0xffff_ffff_0000_0000 | uint64(home+uint32(i%keyGroup))
+		if i%keyGroup != 0 {
 			want &^= 1 << 63 // a child key's mark (branch keys have it set)
 		}
 		require.Equalf(t, want, k, "block %d", i)
-		require.Equal(t, i%8 != 0, continues(k))
+		require.Equal(t, i%keyGroup != 0, continues(k))
 	}
 	// A writer that knows only the parent's key agrees, from any point of the chain.
 	for i := 1; i < len(seqs); i++ {
 		require.Equal(t, keys[i], ChildKey(keys[i-1], seqs[i]))
 	}
 	require.Equal(t, keys[0], ChildKey(0, seqs[0]), "no parent: a new group")
-	require.Equal(t, keys[8], OwnKey(seqs[8]), "a full group: a new one")
+	require.Equal(t, keys[keyGroup], OwnKey(seqs[keyGroup]), "a full group: a new one")
 	// Keys of a prefix are a prefix of the keys.
 	require.Equal(t, keys[:37], ChainKeys(nil, seqs[:37]))
-	// Home arithmetic stays in the low 32 bits: a home of 0xffff_fff8 does not carry upward.
+	// Home arithmetic stays in the low 32 bits: the last home does not carry upward.
 	seqs[0] = 0x1234_5678_ffff_fffa
-	keys = ChainKeys(keys[:0], seqs[:8])
-	require.Equal(t, uint64(0x1234_5678_ffff_fff8), keys[0])
-	require.Equal(t, seqs[7]&0x7fff_ffff_0000_0000|0xffff_ffff, keys[7])
+	keys = ChainKeys(keys[:0], seqs[:keyGroup])
+	require.Equal(t, uint64(0x1234_5678_0000_0000|(1<<32-keyGroup)), keys[0])
+	require.Equal(t, seqs[keyGroup-1]&0x7fff_ffff_0000_0000|0xffff_ffff, keys[keyGroup-1])
 }
 
-// The point of the keys: a group of 8 blocks sits in one shard, in adjacent slots (the slots
-// of a one-word index are 16 bytes: 8 of them are two cache lines), so a lookup misses the cache
-// once per group rather than once per block.
+// The point of the keys: a group of keyGroup blocks sits in one shard, in adjacent slots (the
+// slots of a one-word index are 16 bytes: 16 of them are four cache lines on one page), so a
+// lookup misses the cache once per group rather than once per block.
 func TestGroupsShareShardAndRun(t *testing.T) {
 	r := newRand(t)
 	ix, err := NewIndex(DefaultIndexOptions())
@@ -100,7 +101,7 @@ func TestGroupPushedFromHome(t *testing.T) {
 	for _, workers := range []int{64, 128} {
 		r := newRand(t)
 		ix, wa, wb := twoWorkerIndex(t, workers)
-		// a fills the 8 slots from its home; x, one block with the same home, lands after them,
+		// a fills the keyGroup slots from its home; x, one block with the same home, lands after them,
 		// in b's home, so b's first group sits one slot on.
 		a, b := randomHashes(r, keyGroup), randomHashes(r, 2*keyGroup)
 		x := []uint64{r.Uint64()&^keyHomeMask | a[0]&keyHomeMask}

@@ -7,47 +7,56 @@ import (
 )
 
 // Group summaries: a lookup that reads one word for a whole key group (keys.go) instead of its
-// eight slots.
+// sixteen slots.
 //
-// A 4K-token lookup touches 32 groups, each on its own page of the index's tables, and reads
+// A 4K-token lookup touches 16 groups, each on its own page of the index's tables, and reads
 // every block's slot to find where each worker's overlap ends. Mostly none ends there: a prompt's
 // holders change at a handful of blocks (where a shared system prompt ends, where a worker's copy
-// ends). So each shard of a one-word, one-tier index also keeps, per group whose eight blocks are
+// ends). So each shard of a one-word, one-tier index also keeps, per group whose blocks are
 // all in the table under their child keys (no branch, exactly one block at the group's first
 // position), the AND of their holder masks: the workers that hold the whole group. A lookup reads
 // that word for every group first, all of them prefetched at once from tables a quarter the
 // index's size, and walks only the groups where its set of workers would shrink, or that have no
 // summary (a branch, the prompt's last blocks, where the match ends).
 //
-// A summary's key is a mix of the group's eight keys (their identity bits and home), with the
-// group's home in its low 32 bits, so only a lookup whose eight keys are exactly those finds it:
-// the summary stands for the same eight slots the walk would read. Writers recompute a group's
-// summary under its shard's lock after every change to a key with that home (Store, Remove, a
-// cleared worker, a cap eviction), and readers check the shard's version around the read as they
-// do for the slots, so a lookup sees a summary that is at most as stale as the slots it replaces.
+// A summary's key is a mix of the group's first and last keys (their identity bits and home),
+// with the group's home in its low 32 bits. A block's sequence hash covers every block before it,
+// so the last key's 31 identity bits stand for the group's other blocks as well: a lookup whose
+// group differs from the stored one in any block finds the summary only on a 31-bit collision of
+// the last blocks' hashes, as it would misread a block's own slot only on one (keys.go), and then
+// overestimates by at most that group. So the summary stands for the same slots the walk would
+// read. Writers recompute a group's summary under its shard's lock after every change to a key
+// with that home (Store, Remove, a cleared worker, a cap eviction), and readers check the shard's
+// version around the read as they do for the slots, so a lookup sees a summary that is at most as
+// stale as the slots it replaces.
 // The first group of a prompt needs one more fact: that every worker holding its first block holds
-// all eight (a lookup's workers are those of the first block); sumFirst in the key says so.
+// the whole group (a lookup's workers are those of the first block); sumFirst in the key says so.
 
 const (
 	sumFirst = 1 << 32 // in a summary's key: the group's first block has exactly the summary's holders
 	sumMark  = 1 << 63 // set in every summary key, so none is 0 (an empty slot)
-	// sumWindow is how many groups' summaries a lookup reads (and prefetches) at once: a 4K-token
-	// prompt's 32, and the next window's while it walks.
+	// sumWindow is how many groups' summaries a lookup reads (and prefetches) at once: an
+	// 8K-token prompt's 32, and the next window's while it walks.
 	sumWindow = 32
 	// sumWalksAhead is how many groups a lookup expects to walk per window and prefetches the
 	// slots of: a few holder changes per prompt, a branch, its end.
 	sumWalksAhead = 8
 )
 
-// sumKey is the summary key of a group with keys ks (ks[0] starts it): a mix of all eight with
-// the group's home in the low 32 bits. The mix is xor of rotated keys, multiplied: the keys are
-// hashes already, and it must be cheap (a lookup mixes 32 groups).
-func sumKey(ks *[keyGroup]uint64) uint64 {
-	h := ks[0] ^ bits.RotateLeft64(ks[1], 8) ^ bits.RotateLeft64(ks[2], 16) ^ bits.RotateLeft64(ks[3], 24) ^
-		bits.RotateLeft64(ks[4], 40) ^ bits.RotateLeft64(ks[5], 48) ^ bits.RotateLeft64(ks[6], 56) ^
-		bits.RotateLeft64(ks[7], 4)
-	h *= 0x9e3779b97f4a7c15
-	return h&^(keyHomeMask|sumFirst) | sumMark | ks[0]&keyHomeMask
+// sumKey is the summary key of a group whose first and last keys are those (see above), with
+// the group's home in the low 32 bits: cheap, as a lookup computes one per group, and the keys
+// are hashes already.
+func sumKey(first, last uint64) uint64 {
+	h := (first ^ bits.RotateLeft64(last, 29)) * 0x9e3779b97f4a7c15
+	return h&^(keyHomeMask|sumFirst) | sumMark | first&keyHomeMask
+}
+
+// sumKeyOf is the summary key of the group of blocks with sequence hashes seqs (seqs[0] starts
+// it), from their chain keys (keys.go), without computing the others.
+func sumKeyOf(seqs *[keyGroup]uint64) uint64 {
+	first := OwnKey(seqs[0])
+	const id = ^uint64(keyHomeMask | branchBit) // as ChainKeys
+	return sumKey(first, seqs[keyGroup-1]&id|first&keyHomeMask|(keyGroup-1))
 }
 
 // homeOf is the home of the group a key's slot run belongs to: its home bits, position cleared.
@@ -55,14 +64,14 @@ func homeOf(key uint64) uint64 { return key & keyHomeMask &^ keyPosMask }
 
 // resum recomputes the summary of the group with home `home` (keys.go) in s, which must be
 // locked: it exists when the table holds exactly one key at the group's first position and a
-// child key at each of the other seven, and some worker holds all eight.
+// child key at each of the others, and some worker holds them all.
 func (s *shard) resum(home uint64) {
 	st := s.sum.Load()
 	if st == nil {
 		return
 	}
 	t := s.tab.Load()
-	var ks [keyGroup]uint64
+	var firstKey, lastKey uint64
 	cum, first, ok := ^uint64(0), uint64(0), true
 	for q := range keyGroup {
 		i, n := t.atHome(home + uint64(q))
@@ -70,10 +79,10 @@ func (s *shard) resum(home uint64) {
 			ok = false
 			break
 		}
-		ks[q] = t.slots[i*2].Load()
+		lastKey = t.slots[i*2].Load()
 		m := t.slots[i*2+1].Load()
 		if q == 0 {
-			first = m
+			firstKey, first = lastKey, m
 		}
 		if cum &= m; cum == 0 {
 			ok = false
@@ -83,7 +92,7 @@ func (s *shard) resum(home uint64) {
 	old := st.sumAt(home)
 	var key uint64
 	if ok {
-		key = sumKey(&ks)
+		key = sumKey(firstKey, lastKey)
 		if first == cum {
 			key |= sumFirst
 		}
@@ -160,16 +169,16 @@ func (t *table) sumAt(home uint64) int {
 	}
 }
 
-// groupSums reads the summaries of full groups of keys (as ChainKeys gives them, keys[0]
+// groupSums reads the summaries of the full groups of blocks with sequence hashes seqs (seqs[0]
 // starting a group; sks holds their summary keys, from prefetchSums): for group g, cums[g] is the
 // summary's holders (0: none, or a writer moved summaries meanwhile and the group is walked) and
 // the returned firsts has bit g set when its first block's holders are the same. It then
 // prefetches the summaries of the groups after them (next, same shape: their keys replace sks)
 // and the slots of the groups a walk will likely read (at most sumWalksAhead, and the partial
 // group at the end, if any).
-func (ix *Index) groupSums(keys, next []uint64, cums *[sumWindow]uint64, sks *[sumWindow]uint64,
+func (ix *Index) groupSums(seqs, next []uint64, cums *[sumWindow]uint64, sks *[sumWindow]uint64,
 	addrs []uintptr) (firsts uint64) {
-	ng := len(keys) / keyGroup
+	ng := len(seqs) / keyGroup
 	for g := range ng {
 		if g >= 2 && cums[g-1] == 0 && cums[g-2] == 0 {
 			// Two groups in a row without a summary: the match most likely ends there (a branch is
@@ -179,7 +188,7 @@ func (ix *Index) groupSums(keys, next []uint64, cums *[sumWindow]uint64, sks *[s
 		}
 		// Read without locking, as slots are (written out here: a call per group costs). A writer
 		// moving the shard's summaries on every try makes the group one to walk.
-		s := ix.shardOf(keys[g*keyGroup])
+		s := ix.shardOf(OwnKey(seqs[g*keyGroup]))
 		cums[g] = 0
 		for range 4 {
 			v := s.version.Load()
@@ -218,14 +227,14 @@ func (ix *Index) groupSums(keys, next []uint64, cums *[sumWindow]uint64, sks *[s
 		if walks++; walks > sumWalksAhead {
 			break
 		}
-		addrs = ix.appendGroup1(addrs, keys[g*keyGroup])
+		addrs = ix.appendGroup1(addrs, OwnKey(seqs[g*keyGroup]))
 		if ends = c == 0 && (g+1 == ng || cums[g+1] == 0); ends {
 			break
 		}
 		run &= c
 	}
-	if len(keys)%keyGroup != 0 && walks <= sumWalksAhead && !ends {
-		addrs = ix.appendGroup1(addrs, keys[ng*keyGroup])
+	if len(seqs)%keyGroup != 0 && walks <= sumWalksAhead && !ends {
+		addrs = ix.appendGroup1(addrs, OwnKey(seqs[ng*keyGroup]))
 	}
 	prefetch(addrs)
 	return firsts
@@ -247,14 +256,14 @@ func readSum(slots *atomic.Uint64, mask, sk uint64) (cum uint64, first bool) {
 	}
 }
 
-// prefetchSums computes the summary keys of the full groups of keys into sks and appends their
-// slots' addresses to addrs (prefetching when full), returning addrs.
-func (ix *Index) prefetchSums(keys []uint64, sks *[sumWindow]uint64, addrs []uintptr) []uintptr {
-	for g := range len(keys) / keyGroup {
-		k := keys[g*keyGroup:]
-		sk := sumKey((*[keyGroup]uint64)(k))
+// prefetchSums computes the summary keys of the full groups of blocks with sequence hashes seqs
+// (seqs[0] starting a group) into sks and appends their slots' addresses to addrs (prefetching
+// when full), returning addrs.
+func (ix *Index) prefetchSums(seqs []uint64, sks *[sumWindow]uint64, addrs []uintptr) []uintptr {
+	for g := range len(seqs) / keyGroup {
+		sk := sumKeyOf((*[keyGroup]uint64)(seqs[g*keyGroup:]))
 		sks[g] = sk
-		s := ix.shardOf(k[0])
+		s := ix.shardOf(sk) // (a summary key has its group's home)
 		if len(addrs) == cap(addrs) {
 			prefetch(addrs)
 			addrs = addrs[:0]
@@ -265,14 +274,17 @@ func (ix *Index) prefetchSums(keys []uint64, sks *[sumWindow]uint64, addrs []uin
 	return addrs
 }
 
-// appendGroup1 appends the addresses of a one-word group's two lines and the two after them
-// (where a collision pushes a group) to addrs, prefetching when full.
+// appendGroup1 appends the addresses of a one-word group's four lines and the two after them
+// (pushSlots: where a collision pushes a group) to addrs, prefetching when full.
 func (ix *Index) appendGroup1(addrs []uintptr, key uint64) []uintptr {
-	if len(addrs)+4 > cap(addrs) {
+	if len(addrs)+(keyGroup+pushSlots)/4 > cap(addrs) {
 		prefetch(addrs)
 		addrs = addrs[:0]
 	}
 	t := ix.shardOf(key).tab.Load()
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(t.slots))) + uintptr(key&t.mask)*16
-	return append(addrs, p, p+64, p+128, p+192)
+	for o := uintptr(0); o < (keyGroup+pushSlots)*16; o += 64 {
+		addrs = append(addrs, p+o)
+	}
+	return addrs
 }

@@ -12,7 +12,7 @@ import (
 // checkSummaries compares each shard's group summaries (summary.go) with summaries computed
 // afresh from its slots (quiescent): grouped by home bits, a group has one when its first
 // position holds exactly one key, each other position exactly one child key, and some worker
-// holds all eight.
+// holds them all.
 func (ix *Index) checkSummaries() error {
 	for si := range ix.shards {
 		s := &ix.shards[si]
@@ -44,7 +44,7 @@ func (ix *Index) checkSummaries() error {
 				ks[q], cum = e[0][0], cum&e[0][1]
 			}
 			if cum != 0 {
-				k := sumKey(&ks)
+				k := sumKey(ks[0], ks[keyGroup-1])
 				if first[0][1] == cum {
 					k |= sumFirst
 				}
@@ -103,26 +103,36 @@ func TestSummaryFollowsGroup(t *testing.T) {
 		require.Equal(t, wantA, m.Blocks(a, 0), "worker a")
 		require.Equal(t, wantB, m.Blocks(b, 0), "worker b")
 	}
+	const g, half, quarter = keyGroup, keyGroup / 2, keyGroup / 4
 	keys := make([]uint64, len(chain))
 	ix.Store(a, 0, 0, chain, keys)
 	require.EqualValues(t, 3, sums())
-	check(24, 0)
-	ix.Store(b, 0, 0, chain[:12], nil)
+	// A lookup computes each group's summary key from the sequence hashes alone (sumKeyOf) and
+	// finds the summary the writer keyed by the stored keys.
+	for q := 0; q < len(chain); q += g {
+		sk := sumKeyOf((*[keyGroup]uint64)(chain[q:]))
+		st := ix.shardOf(sk).sum.Load()
+		cum, first := readSum(&st.slots[0], st.mask, sk)
+		require.Equal(t, uint64(1)<<a, cum, "group %d", q/g)
+		require.True(t, first)
+	}
+	check(3*g, 0)
+	ix.Store(b, 0, 0, chain[:g+half], nil)
 	require.EqualValues(t, 3, sums())
-	check(24, 12)
+	check(3*g, g+half)
 	// b drops the tail of its second group: that group's summary keeps a only.
-	ix.Remove(b, 0, keys[10:12])
-	check(24, 10)
+	ix.Remove(b, 0, keys[g+quarter:g+half])
+	check(3*g, g+quarter)
 	// a drops a block in the middle: the group's summary goes (b no longer holds it either).
-	ix.Remove(a, 0, keys[13:14])
+	ix.Remove(a, 0, keys[g+half+1:g+half+2])
 	require.EqualValues(t, 2, sums())
-	check(13, 10)
+	check(g+half+1, g+quarter)
 	// A sibling branching off block 4 goes to its branch key and leaves the group as it was.
-	sib := append(slices.Clone(chain[:5]), randomHashes(r, 11)...)
+	sib := append(slices.Clone(chain[:5]), randomHashes(r, 2*g-5)...)
 	ix.Store(b, 0, keys[4], sib[5:], nil)
-	check(13, 10)
+	check(g+half+1, g+quarter)
 	ix.ClearWorker(a)
-	check(0, 10)
+	check(0, g+quarter)
 	ix.ClearWorker(b)
 	require.EqualValues(t, 0, sums())
 	require.NoError(t, ix.checkSummaries())
