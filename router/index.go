@@ -516,12 +516,12 @@ func (m *Match) record(t, wd int, gone uint64, n int) {
 }
 
 // match1 is Match for one mask word and one tier; m.keys has room for the query's keys, and it
-// computes those of the groups it walks (most it skips: summary.go). Blocks are looked up in
-// runs of matchRun; the slots of the next run are prefetched before the current run is probed, so the cache misses of a long prompt overlap
-// with each other and with the probing. A group's blocks (keys.go) usually sit in consecutive
-// slots: after probing for a group's first block, the lookup reads on from the slot after it
-// for as long as it finds the next key there, under one version check. A key found in a
-// shard's table belongs to that shard, so those blocks need no shard lookup.
+// computes those of the groups it walks (most it skips: summary.go). It reads the summaries of
+// up to sumWindow groups at once, all prefetched, and prefetches the slots of the groups it will
+// walk. A group's blocks (keys.go) usually sit in consecutive slots: after probing for a group's
+// first block, the lookup reads on from the slot after it for as long as it finds the next key
+// there, under one version check. A key found in a shard's table belongs to that shard, so
+// those blocks need no shard lookup.
 func (ix *Index) match1(seqs []uint64, m *Match) {
 	keys := m.keys
 	active := ^uint64(0)

@@ -273,9 +273,8 @@ func BenchmarkMatch4K(b *testing.B) {
 	b.ReportMetric(noise.quantile(0.999), "cached-p999-ns")
 }
 
-// What the memory floor is made of: loading 64 cache lines (a 256-block lookup's two lines per
-// group) from a 64 MB buffer, all prefetched at once and then loaded, spread over 64, 32, 16 or 8
-// pages (4 KB), and 128 lines over 32 pages (what the lookup prefetches: four lines per group).
+// What the memory floor is made of: loading 64 cache lines from a 64 MB buffer, all prefetched at
+// once and then loaded, spread over 64, 32, 16 or 8 pages (4 KB), and 128 lines over 32 pages.
 // Between loads, 2,048 random lines of another 128 MB evict caches and TLB, as a busy router's
 // other work would. On a VM a page's first touch costs a nested page walk, so the number of
 // pages, more than the number of lines, sets the floor.

@@ -44,6 +44,9 @@ const (
 	keyHomeMask = 1<<32 - 1
 	keyPosMask  = keyGroup - 1 // a key's position in its group
 	branchBit   = 1 << 63      // set in branch keys, clear in child keys
+	// childID is the bits of its sequence hash that a child key keeps (the rest: its home and
+	// position, and a clear branch bit).
+	childID = ^uint64(keyHomeMask | branchBit)
 	// pushSlots is how many slots after a one-word group a lookup prefetches with it: two lines,
 	// where a collision in the linear-probing table pushes a group.
 	pushSlots = 8
@@ -57,7 +60,7 @@ func OwnKey(seq uint64) uint64 { return keyOf(seq &^ keyPosMask) }
 // or there is no parent.
 func ChildKey(parent, seq uint64) uint64 {
 	if parent != 0 && parent&keyPosMask != keyPosMask {
-		return seq&^(keyHomeMask|branchBit) | (parent+1)&keyHomeMask
+		return seq&childID | (parent+1)&keyHomeMask
 	}
 	return OwnKey(seq)
 }
@@ -94,8 +97,8 @@ func fillKeys(out, seqs []uint64) {
 	for ; g+keyGroup <= len(out); g += keyGroup {
 		o, s := out[g:g+keyGroup:g+keyGroup], seqs[g:g+keyGroup:g+keyGroup]
 		o[0] = OwnKey(s[0])
-		const id = ^uint64(keyHomeMask | branchBit) // a child key keeps these bits of its hash
-		home := o[0] & keyHomeMask                  // aligned: home + j is home | j
+		const id = childID
+		home := o[0] & keyHomeMask // aligned: home + j is home | j
 		o[1], o[2], o[3] = s[1]&id|home|1, s[2]&id|home|2, s[3]&id|home|3
 		o[4], o[5], o[6], o[7] = s[4]&id|home|4, s[5]&id|home|5, s[6]&id|home|6, s[7]&id|home|7
 		o[8], o[9], o[10], o[11] = s[8]&id|home|8, s[9]&id|home|9, s[10]&id|home|10, s[11]&id|home|11

@@ -55,8 +55,7 @@ func sumKey(first, last uint64) uint64 {
 // it), from their chain keys (keys.go), without computing the others.
 func sumKeyOf(seqs *[keyGroup]uint64) uint64 {
 	first := OwnKey(seqs[0])
-	const id = ^uint64(keyHomeMask | branchBit) // as ChainKeys
-	return sumKey(first, seqs[keyGroup-1]&id|first&keyHomeMask|(keyGroup-1))
+	return sumKey(first, seqs[keyGroup-1]&childID|first&keyHomeMask|(keyGroup-1))
 }
 
 // homeOf is the home of the group a key's slot run belongs to: its home bits, position cleared.
@@ -79,11 +78,11 @@ func (s *shard) resum(home uint64) {
 			ok = false
 			break
 		}
-		lastKey = t.slots[i*2].Load()
-		m := t.slots[i*2+1].Load()
+		k, m := t.slots[i*2].Load(), t.slots[i*2+1].Load()
 		if q == 0 {
-			firstKey, first = lastKey, m
+			firstKey, first = k, m
 		}
+		lastKey = k
 		if cum &= m; cum == 0 {
 			ok = false
 			break
@@ -110,13 +109,15 @@ func (s *shard) resum(home uint64) {
 		}
 	}
 	if ok {
-		if (int(st.used.Load())+1)*2 > st.size() { // at most half full: most lookups of absent summaries end at once
+		// At most half full: most lookups of an absent summary end at once.
+		if (int(st.used.Load())+1)*2 > st.size() {
 			st = s.swapSum(st.rebuilt(st.size() * 2))
 		}
 		st.insertNew(key, []uint64{cum})
 	}
 }
 
+// swapSum installs nt as the summary table of a live shard (locked), under an odd version.
 func (s *shard) swapSum(nt *table) *table {
 	s.version.Add(1)
 	s.setSum(nt)

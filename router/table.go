@@ -22,9 +22,9 @@ type shard struct {
 	version atomic.Uint64
 	tab     atomic.Pointer[table]
 	sum     atomic.Pointer[table] // group summaries (summary.go); nil where the index keeps none
-	// sum's slots and mask, on this line: a 4K-token lookup reads 16 groups' summaries, and a load of the
-	// table's header before each slot would be another cache miss in the way. Written with sum,
-	// under an odd version.
+	// sum's slots and mask, on this line: a 4K-token lookup reads 16 groups' summaries, and a
+	// load of the table's header before each slot would be another cache miss in the way.
+	// Written with sum, under an odd version.
 	sumSlots atomic.Pointer[atomic.Uint64]
 	sumMask  atomic.Uint64
 	_        [24]byte // keep writers' lock off the readers' cache line
