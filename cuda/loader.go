@@ -31,32 +31,42 @@ const PluginName = "libdataplane_cuda.so"
 // EnvPlugin names the environment variable that points at the plugin.
 const EnvPlugin = "DATAPLANE_CUDA_PLUGIN"
 
-// ErrNoPlugin: no plugin file was found where Candidates looked.
+// ErrNoPlugin: no plugin file was found where SearchPath.Candidates looked.
 var ErrNoPlugin = errors.New("CUDA plugin not found")
 
-// Candidates lists where the plugin is looked for, in order: the explicit path (a flag) if
-// set, else $DATAPLANE_CUDA_PLUGIN if set, else beside the executable, then the CMake build
-// folder of a development checkout (build/cuda/ from the working directory).
-func Candidates(explicit string) []string {
-	if explicit != "" {
-		return []string{explicit}
-	}
-	if env := os.Getenv(EnvPlugin); env != "" {
-		return []string{env}
+// SearchPath says where the plugin is looked for. The caller fills it (cmd from the flag, the
+// environment and the executable's place, tests with their own), so nothing here reads the
+// process's environment.
+type SearchPath struct {
+	Explicit string // a file given by --cuda-plugin or $DATAPLANE_CUDA_PLUGIN: the only candidate when set
+	ExeDir   string // the directory of the running executable ("": not looked in)
+	BuildDir string // a development checkout's CMake output ("": not looked in)
+}
+
+// DevBuildDir is where `make cuda` puts the plugin, relative to a checkout's root.
+var DevBuildDir = filepath.Join("build", "cuda")
+
+// Candidates lists the files looked for, in order: the explicit file if set, else the plugin
+// beside the executable, then in the build folder.
+func (p SearchPath) Candidates() []string {
+	if p.Explicit != "" {
+		return []string{p.Explicit}
 	}
 	var out []string
-	if exe, err := os.Executable(); err == nil {
-		out = append(out, filepath.Join(filepath.Dir(exe), PluginName))
+	for _, dir := range []string{p.ExeDir, p.BuildDir} {
+		if dir != "" {
+			out = append(out, filepath.Join(dir, PluginName))
+		}
 	}
-	return append(out, filepath.Join("build", "cuda", PluginName))
+	return out
 }
 
 // Find returns the first candidate that exists.
-func Find(explicit string) (string, error) {
-	cands := Candidates(explicit)
-	for _, p := range cands {
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
+func (p SearchPath) Find() (string, error) {
+	cands := p.Candidates()
+	for _, c := range cands {
+		if _, err := os.Stat(c); err == nil {
+			return c, nil
 		}
 	}
 	return "", fmt.Errorf("%w (looked in %v; set --cuda-plugin or $%s)", ErrNoPlugin, cands, EnvPlugin)

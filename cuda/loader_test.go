@@ -19,24 +19,26 @@ func TestMain(m *testing.M) {
 		if len(os.Args) > 3 {
 			explicit = os.Args[3]
 		}
-		json.NewEncoder(os.Stdout).Encode(ProbeHere(explicit)) //nolint:errcheck
+		json.NewEncoder(os.Stdout).Encode(ProbeHere(SearchPath{Explicit: explicit})) //nolint:errcheck
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
 
 func TestCandidates(t *testing.T) {
-	require.Equal(t, []string{"/x/p.so"}, Candidates("/x/p.so"))
-	t.Setenv(EnvPlugin, "/env/p.so")
-	require.Equal(t, []string{"/env/p.so"}, Candidates(""))
-	t.Setenv(EnvPlugin, "")
-	c := Candidates("")
-	exe, _ := os.Executable()
-	require.Equal(t, []string{filepath.Join(filepath.Dir(exe), PluginName), filepath.Join("build", "cuda", PluginName)}, c)
+	require.Equal(t, []string{"/x/p.so"}, SearchPath{Explicit: "/x/p.so", ExeDir: "/bin", BuildDir: "build"}.Candidates())
+	require.Equal(t, []string{"/opt/dp/" + PluginName, "build/cuda/" + PluginName},
+		SearchPath{ExeDir: "/opt/dp", BuildDir: DevBuildDir}.Candidates())
+	require.Empty(t, SearchPath{}.Candidates())
 
-	_, err := Find("/nonexistent/libdataplane_cuda.so")
+	_, err := SearchPath{Explicit: "/nonexistent/libdataplane_cuda.so"}.Find()
 	require.ErrorIs(t, err, ErrNoPlugin)
 	require.ErrorContains(t, err, "/nonexistent/libdataplane_cuda.so")
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, PluginName), nil, 0o644))
+	got, err := SearchPath{ExeDir: "/nonexistent", BuildDir: dir}.Find()
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(dir, PluginName), got, "the first candidate that exists")
 }
 
 func TestOpenRefusesWhatIsNotAPlugin(t *testing.T) {
@@ -58,7 +60,7 @@ func TestOpenRefusesWhatIsNotAPlugin(t *testing.T) {
 // Without a plugin or a driver (this machine), the probe says so and the daemon stays on the CPU.
 func TestProbeWithoutGPU(t *testing.T) {
 	missing := "/nonexistent/libdataplane_cuda.so"
-	r := ProbeHere(missing)
+	r := ProbeHere(SearchPath{Explicit: missing})
 	require.False(t, r.Usable())
 	require.Contains(t, r.PluginError, "CUDA plugin not found")
 	require.Contains(t, r.Summary(), "running on the CPU backend")

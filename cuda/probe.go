@@ -45,9 +45,9 @@ func (r Report) Summary() string {
 
 // ProbeHere loads the plugin and NVML in this process and reports what they see. It is what
 // the `gpu-probe` child runs; the daemon itself calls Probe.
-func ProbeHere(explicit string) Report {
+func ProbeHere(where SearchPath) Report {
 	var r Report
-	if path, err := Find(explicit); err != nil {
+	if path, err := where.Find(); err != nil {
 		r.PluginError = err.Error()
 	} else if b, err := Open(path); err != nil {
 		r.PluginError = err.Error()

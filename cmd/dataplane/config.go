@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -23,10 +24,11 @@ func envName(flagName string) string {
 }
 
 // loadConfig parses args into fs and fills every flag not given on the command line from the
-// environment (getenv) or the YAML file named by the "config" flag. Errors name the source.
+// environment (getenv) or the YAML file named by the "config" flag. Errors name the source; a
+// command-line error is a *flagError, which the FlagSet has printed already.
 func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) error {
 	if err := fs.Parse(args); err != nil {
-		return err
+		return &flagError{err}
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -86,6 +88,25 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) err
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// flagError is a command-line error: the FlagSet printed it with its usage.
+type flagError struct{ err error }
+
+func (e *flagError) Error() string { return e.err.Error() }
+func (e *flagError) Unwrap() error { return e.err }
+
+// configFailed reports a loadConfig error of command cmd: -h stays flag.ErrHelp, an error the
+// FlagSet has not printed (from the environment or the file) is printed, and the command
+// fails with errUsage.
+func configFailed(cmd string, err error, stderr io.Writer) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	if fe := (*flagError)(nil); !errors.As(err, &fe) {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+	}
+	return errUsage
 }
 
 // yamlScalar turns a YAML value into the flag's string form: scalars as written, lists of

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"flag"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,4 +79,25 @@ func TestConfigErrors(t *testing.T) {
 	f([]string{"--config", write(":\n  - [")}, nil, "c.yaml")
 	f([]string{"--config", filepath.Join(dir, "missing.yaml")}, nil, "--config: open")
 	require.Equal(t, "DATAPLANE_MAX_BODY_BYTES", envName("max-body-bytes"))
+}
+
+// A command-line error was printed by the FlagSet with its usage; an error from the environment
+// or the file was not: configFailed prints only those, once.
+func TestConfigFailedPrintsOnce(t *testing.T) {
+	f := func(args []string, env map[string]string, printed string) {
+		t.Helper()
+		var s settings
+		fs := newFlags(&s)
+		var out bytes.Buffer
+		fs.SetOutput(&out)
+		err := configFailed("serve", loadConfig(fs, args, func(k string) string { return env[k] }), &out)
+		require.ErrorIs(t, err, errUsage)
+		require.Equal(t, 1, strings.Count(out.String(), printed), out.String())
+	}
+	f([]string{"--nope"}, nil, "flag provided but not defined: -nope")
+	f([]string{"--max-conns", "lots"}, nil, `invalid value "lots" for flag -max-conns`)
+	f(nil, map[string]string{"DATAPLANE_MAX_CONNS": "lots"}, `serve: $DATAPLANE_MAX_CONNS="lots"`)
+
+	var s settings
+	require.ErrorIs(t, configFailed("serve", loadConfig(newFlags(&s), []string{"-h"}, func(string) string { return "" }), io.Discard), flag.ErrHelp)
 }

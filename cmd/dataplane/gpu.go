@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 
 	"dataplane/cuda"
 )
@@ -26,5 +28,18 @@ func gpuProbe(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	return enc.Encode(cuda.ProbeHere(*plugin))
+	return enc.Encode(cuda.ProbeHere(pluginSearchPath(*plugin, os.Getenv)))
+}
+
+// pluginSearchPath is where the CUDA plugin is looked for: the flag's file, else
+// $DATAPLANE_CUDA_PLUGIN's, else beside this executable and then in a checkout's build/cuda/.
+func pluginSearchPath(flagValue string, getenv func(string) string) cuda.SearchPath {
+	p := cuda.SearchPath{Explicit: flagValue, BuildDir: cuda.DevBuildDir}
+	if p.Explicit == "" {
+		p.Explicit = getenv(cuda.EnvPlugin)
+	}
+	if exe, err := os.Executable(); err == nil {
+		p.ExeDir = filepath.Dir(exe)
+	}
+	return p
 }

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"dataplane/cuda"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sync"
 	"testing"
@@ -99,4 +101,17 @@ func TestMain(m *testing.M) {
 		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
+}
+
+// The plugin's search path comes from the flag, then the environment, then the executable's
+// folder and a checkout's build/cuda/.
+func TestPluginSearchPath(t *testing.T) {
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	require.Equal(t, cuda.SearchPath{ExeDir: filepath.Dir(exe), BuildDir: cuda.DevBuildDir}, pluginSearchPath("", getenv))
+	env[cuda.EnvPlugin] = "/env/p.so"
+	require.Equal(t, "/env/p.so", pluginSearchPath("", getenv).Explicit)
+	require.Equal(t, "/flag/p.so", pluginSearchPath("/flag/p.so", getenv).Explicit)
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -99,11 +98,7 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("config", "", "YAML file of settings (keys are these flag names)")
 	if err := loadConfig(fs, args, os.Getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		fmt.Fprintf(stderr, "mock: %v\n", err)
-		return errUsage
+		return configFailed("mock", err, stderr)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "mock: unexpected arguments %q\n", fs.Args())
