@@ -2,15 +2,13 @@ package dataplane
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"dataplane/dataplane/encoder"
-	"dataplane/dataplane/fetch"
 	"dataplane/dataplane/media"
 	"dataplane/dataplane/openai"
+	"dataplane/dataplane/sequence"
 	"dataplane/features"
 	"dataplane/native"
 )
@@ -19,7 +17,7 @@ import (
 // what it becomes (the encoder inputs and their token counts), and its cache key.
 type item struct {
 	src      *openai.Media
-	modality Modality
+	modality sequence.Modality
 	model    *encoder.Model
 	inputs   []encoder.Input // nil for an item known only by its uuid
 	rows     []int           // feature rows per input
@@ -32,31 +30,10 @@ type item struct {
 	job *features.Job
 }
 
-// apiError maps the errors of preparing an item to statuses that name the item.
-func itemError(m *openai.Media, err error) *openai.Error {
-	status, typ := http.StatusBadRequest, "invalid_request_error"
-	switch {
-	case errors.Is(err, fetch.ErrForbidden):
-		status = http.StatusForbidden
-	case errors.Is(err, fetch.ErrTooLarge):
-		status = http.StatusRequestEntityTooLarge
-	case errors.Is(err, fetch.ErrUpstream):
-		status, typ = http.StatusBadGateway, "upstream_error"
-	}
-	return &openai.Error{Status: status, Type: typ, Param: m.Path, Message: err.Error()}
-}
-
-// modalityOf maps the API's modality names to ours.
-func modalityOf(m openai.Modality) (Modality, error) {
-	switch m {
-	case openai.Image:
-		return ModalityImage, nil
-	case openai.Video:
-		return ModalityVideo, nil
-	case openai.Audio:
-		return ModalityAudio, nil
-	}
-	return 0, fmt.Errorf("unknown modality %q", m)
+// itemError is a failure to prepare an item: the item's bytes or content are unusable (its
+// chain keeps the fetch error, if any, which says more).
+func itemError(m *openai.Media, err error) *Error {
+	return &Error{Param: m.Path, Kind: ErrInvalid, Err: err}
 }
 
 // bytesOf returns an item's bytes: inline data, a data: URL, or a fetch.
@@ -84,10 +61,7 @@ func (s *Service) prepare(ctx context.Context, m *openai.Media, salt string) (*i
 // prepareWith is prepare with other preprocessing options (mediaKey names them in the cache
 // key): the retry at reduced size uses it.
 func (s *Service) prepareWith(ctx context.Context, m *openai.Media, salt string, mo media.Options, mediaKey string) (*item, error) {
-	mod, err := modalityOf(m.Modality)
-	if err != nil {
-		return nil, itemError(m, err)
-	}
+	mod := m.Modality
 	model, preset, err := s.models.ForModality(mod)
 	if err != nil {
 		return nil, itemError(m, err)
@@ -116,11 +90,11 @@ func (s *Service) prepareWith(ctx context.Context, m *openai.Media, salt string,
 	}
 	var res *media.Result
 	switch mod {
-	case ModalityImage:
+	case sequence.Image:
 		res, err = media.Image(data, preset, mo)
-	case ModalityAudio:
+	case sequence.Audio:
 		res, err = media.Audio(ctx, data, preset, mo)
-	case ModalityVideo:
+	case sequence.Video:
 		res, err = media.Video(ctx, data, frames, preset, mo)
 	}
 	if err != nil {
@@ -156,11 +130,11 @@ func (it *item) split(res *media.Result) error {
 	all := native.AsFloat32(t.Data)
 	var n, frames int
 	switch {
-	case it.modality == ModalityImage && len(t.Shape) == 3:
+	case it.modality == sequence.Image && len(t.Shape) == 3:
 		n = 1
-	case (it.modality == ModalityImage || it.modality == ModalityVideo) && len(t.Shape) == 4: // pictures, frames
+	case (it.modality == sequence.Image || it.modality == sequence.Video) && len(t.Shape) == 4: // pictures, frames
 		n = t.Shape[0]
-	case it.modality == ModalityAudio && len(t.Shape) == 3:
+	case it.modality == sequence.Audio && len(t.Shape) == 3:
 		n, frames = t.Shape[0], t.Shape[2]
 	default:
 		return fmt.Errorf("preprocessing gave %s of shape %v for %v", t.Name, t.Shape, it.modality)
@@ -189,5 +163,5 @@ func (it *item) split(res *media.Result) error {
 type knownItem struct {
 	key      features.Key
 	tokens   int
-	modality Modality
+	modality sequence.Modality
 }

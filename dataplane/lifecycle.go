@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 
 	"dataplane/dataplane/encoderpool"
 	"dataplane/dataplane/openai"
+	"dataplane/dataplane/sequence"
 	"dataplane/dataplane/worker"
 	"dataplane/features"
 	"dataplane/native"
@@ -26,14 +26,13 @@ import (
 // text-only request never waits behind media. Any failure, or the client leaving, releases
 // everything the request holds.
 
-// prompt is a parsed request in the form every endpoint reduces to.
-type prompt struct {
-	endpoint string           // for metrics: chat, completions, pretokenized
-	tokens   []int32          // prompt token ids with the media placeholders
-	style    PlaceholderStyle // how those placeholders are written
-	media    []*openai.Media  // in placeholder order
-	sampling openai.Sampling
-	ext      openai.Extensions
+// Prompt is a parsed request in the form every endpoint reduces to.
+type Prompt struct {
+	Tokens   []int32                   // prompt token ids with the media placeholders
+	Style    sequence.PlaceholderStyle // how those placeholders are written
+	Media    []*openai.Media           // in placeholder order
+	Sampling openai.Sampling
+	Ext      openai.Extensions
 }
 
 // Generation is a request handed to an LLM worker: its events and how it was routed.
@@ -45,27 +44,20 @@ type Generation struct {
 	Events       <-chan worker.Event // closed after the Done event
 }
 
-// errorf is an API error with a status.
-func errorf(status int, typ, param, format string, args ...any) *openai.Error {
-	return &openai.Error{Status: status, Type: typ, Param: param, Message: fmt.Sprintf(format, args...)}
-}
-
-// budgetError turns a feature-store refusal into 429/503/413 with Retry-After.
-func budgetError(err error, what string) *openai.Error {
-	var be *features.BudgetError
-	if errors.As(err, &be) {
-		return &openai.Error{Status: be.HTTPStatus(), Type: "overloaded_error", Param: what, Message: be.Error(), RetryAfter: be.RetryAfter}
-	}
+// storeError is a feature-store refusal about param: its chain keeps the *features.BudgetError
+// (or the context error of a wait the request gave up).
+func storeError(err error, param string) *Error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return errorf(http.StatusServiceUnavailable, "overloaded_error", what, "%v", err)
+		return &Error{Param: param, Kind: ErrUnavailable, Err: err}
 	}
-	return errorf(http.StatusInternalServerError, "server_error", what, "%v", err)
+	return &Error{Param: param, Err: err}
 }
 
-// run takes a prompt through the whole path and returns once the worker has started.
-func (s *Service) run(ctx context.Context, p *prompt) (*Generation, error) {
+// Run takes a prompt through the whole path and returns once the worker has started; it owns
+// p from then on. Its errors are *Error, or the context's error when ctx ends first.
+func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 	if !s.begin() {
-		return nil, errorf(http.StatusServiceUnavailable, "overloaded_error", "", "the server is shutting down")
+		return nil, fail(ErrUnavailable, "", "the server is shutting down")
 	}
 	start := time.Now()
 	r := &request{s: s, id: fmt.Sprintf("dp-%d-%x", start.Unix(), s.nextID.Add(1)), p: p, start: start}
@@ -81,11 +73,11 @@ func (s *Service) run(ctx context.Context, p *prompt) (*Generation, error) {
 type request struct {
 	s     *Service
 	id    string
-	p     *prompt
+	p     *Prompt
 	start time.Time
 	items []*item
 	fr    *features.Request
-	pm    *PositionMap
+	pm    *sequence.PositionMap
 	once  sync.Once
 	// routed is set once the router counts this request against a worker.
 	routed atomic.Bool
@@ -93,23 +85,23 @@ type request struct {
 
 func (r *request) run(ctx context.Context) (*Generation, error) {
 	s := r.s
-	if r.p.sampling.MaxTokens == 0 {
-		r.p.sampling.MaxTokens = s.opts.DefaultMaxTokens
+	if r.p.Sampling.MaxTokens == 0 {
+		r.p.Sampling.MaxTokens = s.opts.DefaultMaxTokens
 	}
-	policyName := r.p.ext.CachePolicy
+	policyName := r.p.Ext.CachePolicy
 	if policyName == "" {
 		policyName = s.opts.CachePolicy
 	}
 	policy, err := features.ParsePolicy(policyName)
 	if err != nil {
-		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "cache_policy", "%v", err)
+		return nil, fail(ErrInvalid, "cache_policy", "%v", err)
 	}
 	if err := r.prepareAll(ctx); err != nil {
 		return nil, err
 	}
 	if len(r.items) > 0 {
 		if r.fr, err = s.store.Begin(r.id, policy); err != nil {
-			return nil, budgetError(err, "")
+			return nil, storeError(err, "")
 		}
 		if err := r.admit(ctx); err != nil {
 			return nil, err
@@ -138,10 +130,10 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 // text_fallback, items that cannot be prepared are dropped from the prompt instead.
 func (r *request) prepareAll(ctx context.Context) error {
 	s := r.s
-	items := make([]*item, len(r.p.media))
-	errs := make([]error, len(r.p.media))
+	items := make([]*item, len(r.p.Media))
+	errs := make([]error, len(r.p.Media))
 	var wg sync.WaitGroup
-	for i, m := range r.p.media {
+	for i, m := range r.p.Media {
 		wg.Add(1)
 		go func() { // bounded: at most MaxMediaItems per request, GOMAXPROCS at work
 			defer wg.Done()
@@ -152,7 +144,7 @@ func (r *request) prepareAll(ctx context.Context) error {
 				return
 			}
 			defer func() { <-s.prepSem }()
-			items[i], errs[i] = s.prepare(ctx, m, r.p.ext.CacheSalt)
+			items[i], errs[i] = s.prepare(ctx, m, r.p.Ext.CacheSalt)
 		}()
 	}
 	wg.Wait()
@@ -161,10 +153,10 @@ func (r *request) prepareAll(ctx context.Context) error {
 		if err == nil {
 			continue
 		}
-		if !r.p.ext.TextFallback || errors.Is(err, context.Canceled) {
+		if !r.p.Ext.TextFallback || errors.Is(err, context.Canceled) {
 			return err
 		}
-		s.log.Info("dropping a media item (text_fallback)", "request", r.id, "item", r.p.media[i].Path, "err", err)
+		s.log.Info("dropping a media item (text_fallback)", "request", r.id, "item", r.p.Media[i].Path, "err", err)
 		dropped = append(dropped, i)
 	}
 	r.items = items
@@ -185,34 +177,34 @@ func (r *request) drop(idx []int) error {
 	var keptMedia []*openai.Media
 	var tokens []int32
 	k := 0 // which item's placeholder comes next
-	for pos := 0; pos < len(r.p.tokens); {
-		mod := ph.modalityOf(r.p.tokens[pos])
+	for pos := 0; pos < len(r.p.Tokens); {
+		mod := ph.ModalityOf(r.p.Tokens[pos])
 		if mod == 0 || k >= len(r.items) {
-			tokens = append(tokens, r.p.tokens[pos])
+			tokens = append(tokens, r.p.Tokens[pos])
 			pos++
 			continue
 		}
 		width := 1
-		if r.p.style == PlaceholderExpanded && r.items[k] != nil {
+		if r.p.Style == sequence.PlaceholderExpanded && r.items[k] != nil {
 			width = r.items[k].tokens
-		} else if r.p.style == PlaceholderExpanded {
-			for pos+width < len(r.p.tokens) && r.p.tokens[pos+width] == r.p.tokens[pos] {
+		} else if r.p.Style == sequence.PlaceholderExpanded {
+			for pos+width < len(r.p.Tokens) && r.p.Tokens[pos+width] == r.p.Tokens[pos] {
 				width++ // an item that never got a token count: drop its whole run
 			}
 		}
 		if !gone[k] {
-			tokens = append(tokens, r.p.tokens[pos:min(pos+width, len(r.p.tokens))]...)
+			tokens = append(tokens, r.p.Tokens[pos:min(pos+width, len(r.p.Tokens))]...)
 			kept = append(kept, r.items[k])
-			keptMedia = append(keptMedia, r.p.media[k])
+			keptMedia = append(keptMedia, r.p.Media[k])
 		} else if it := r.items[k]; it != nil && it.rec != nil {
 			if err := r.fr.Drop(it.rec); err != nil {
-				return errorf(http.StatusInternalServerError, "server_error", it.src.Path, "%v", err)
+				return &Error{Param: it.src.Path, Err: err}
 			}
 		}
 		pos += width
 		k++
 	}
-	r.p.tokens, r.items, r.p.media = tokens, kept, keptMedia
+	r.p.Tokens, r.items, r.p.Media = tokens, kept, keptMedia
 	return nil
 }
 
@@ -222,14 +214,13 @@ func (r *request) admit(ctx context.Context) error {
 	s := r.s
 	width, es := s.models.Hidden, int64(s.models.DType.Size())
 	priority := encoderpool.Interactive
-	if r.p.ext.Priority == "batch" {
+	if r.p.Ext.Priority == "batch" {
 		priority = encoderpool.Batch
 	}
 	for _, it := range r.items {
-		rec, job, err := r.fr.Admit(ctx, features.Item{Key: it.key, MediaID: it.id, Modality: it.modality.String(),
-			Bytes: int64(it.tokens) * int64(width) * es})
+		rec, job, err := r.fr.Admit(ctx, features.Item{Key: it.key, MediaID: it.id, Bytes: int64(it.tokens) * int64(width) * es})
 		if err != nil {
-			return budgetError(err, it.src.Path)
+			return storeError(err, it.src.Path)
 		}
 		it.rec, it.job = rec, job
 		s.metrics.item(it.modality, job == nil)
@@ -238,8 +229,7 @@ func (r *request) admit(ctx context.Context) error {
 		}
 		if it.inputs == nil { // named by uuid, evicted since: nothing to encode from
 			job.Fail(errors.New("evicted"))
-			return errorf(http.StatusBadRequest, "invalid_request_error", it.src.Path,
-				"uuid %q: its features are no longer cached; send the media with it", it.src.UUID)
+			return fail(ErrInvalid, it.src.Path, "uuid %q: its features are no longer cached; send the media with it", it.src.UUID)
 		}
 		if err := r.encode(it, job, priority); err != nil {
 			return err
@@ -281,10 +271,10 @@ func (r *request) encode(it *item, job *features.Job, pri encoderpool.Priority) 
 		}
 		if err == nil {
 			var model encoderpool.Model = it.model
-			if s.wrapModel != nil {
-				model = s.wrapModel(model)
+			if s.opts.WrapEncoder != nil {
+				model = s.opts.WrapEncoder(model)
 			}
-			err = s.pool.Submit(&encoderpool.Job{Model: model, Modality: it.modality.String(), Input: in, Out: out,
+			err = s.pool.Submit(&encoderpool.Job{Model: model, Modality: it.modality, Input: in, Out: out,
 				Tokens: it.rows[i], Priority: pri, Ctx: job.Context(), Done: done})
 		}
 		if err != nil {
@@ -293,10 +283,9 @@ func (r *request) encode(it *item, job *features.Job, pri encoderpool.Priority) 
 				done(err)
 			}
 			if errors.Is(err, encoderpool.ErrQueueFull) {
-				return &openai.Error{Status: http.StatusTooManyRequests, Type: "overloaded_error", Param: it.src.Path,
-					Message: "the encoders' queue is full", RetryAfter: time.Second}
+				return fail(encoderpool.ErrQueueFull, it.src.Path, "the encoders' queue is full")
 			}
-			return errorf(http.StatusServiceUnavailable, "overloaded_error", it.src.Path, "%v", err)
+			return &Error{Param: it.src.Path, Kind: ErrUnavailable, Err: err}
 		}
 		row += it.rows[i]
 	}
@@ -305,25 +294,24 @@ func (r *request) encode(it *item, job *features.Job, pri encoderpool.Priority) 
 
 // place builds the position map: where every item's rows go in the merged sequence.
 func (r *request) place() error {
-	mi := make([]MediaItem, len(r.items))
+	mi := make([]sequence.MediaItem, len(r.items))
 	for i, it := range r.items {
-		mi[i] = MediaItem{ID: it.id, Modality: it.modality, Tokens: it.tokens}
+		mi[i] = sequence.MediaItem{ID: it.id, Modality: it.modality, Tokens: it.tokens}
 	}
-	pm, err := BuildPositionMap(r.p.tokens, r.s.tok.Placeholders(), r.p.style, mi)
+	pm, err := sequence.BuildPositionMap(r.p.Tokens, r.s.tok.Placeholders(), r.p.Style, mi)
 	if err != nil {
 		param := "messages"
-		var pe *PositionError
+		var pe *sequence.PositionError
 		if errors.As(err, &pe) && pe.Item >= 0 && pe.Item < len(r.items) {
 			param = r.items[pe.Item].src.Path
 		}
-		return errorf(http.StatusBadRequest, "invalid_request_error", param, "%v", err)
+		return &Error{Param: param, Kind: ErrInvalid, Err: err}
 	}
 	if pm.Len > r.s.opts.MaxPromptTokens {
-		return errorf(http.StatusBadRequest, "invalid_request_error", "messages",
-			"the prompt is %d tokens with its media, the model takes at most %d", pm.Len, r.s.opts.MaxPromptTokens)
+		return fail(ErrInvalid, "messages", "the prompt is %d tokens with its media, the model takes at most %d", pm.Len, r.s.opts.MaxPromptTokens)
 	}
 	if pm.Len == 0 {
-		return errorf(http.StatusBadRequest, "invalid_request_error", "messages", "the prompt is empty")
+		return fail(ErrInvalid, "messages", "the prompt is empty")
 	}
 	r.pm = pm
 	return nil
@@ -342,7 +330,7 @@ func (r *request) expanded() ([]int32, []worker.MediaSpan) {
 			t++
 		}
 		for ; row < sp.End; row++ {
-			ids[row] = ph.id(sp.Modality)
+			ids[row] = ph.ID(sp.Modality)
 		}
 		spans[i] = worker.MediaSpan{Start: sp.Start, End: sp.End, ID: sp.MediaID}
 	}
@@ -376,7 +364,7 @@ func (r *request) route() (router.Decision, error) {
 	// Cost terms are in prefill blocks; a block of prefill is about 0.25 ms (Dynamo's mocker
 	// model: 15 us a token, 16 tokens a block by default).
 	secondsPerBlock := float64(s.router.Options().BlockSize) * 15e-6
-	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.ext.CacheSalt, ReadyIn: eta.Seconds() / secondsPerBlock}
+	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: eta.Seconds() / secondsPerBlock}
 	if len(r.items) > 0 {
 		req.Transfer = func(w string) float64 {
 			if strings.HasPrefix(w, "http://") || strings.HasPrefix(w, "https://") {
@@ -387,7 +375,7 @@ func (r *request) route() (router.Decision, error) {
 	}
 	var d router.Decision
 	if err := s.router.Decide(req, &d); err != nil {
-		return d, errorf(http.StatusServiceUnavailable, "overloaded_error", "", "no LLM worker can take the request: %v", err)
+		return d, fail(ErrUnavailable, "", "no LLM worker can take the request: %v", err)
 	}
 	s.routes.Add(r.id, d)
 	return d, nil
@@ -404,7 +392,7 @@ func (r *request) await(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-timeout.C:
-			return errorf(http.StatusGatewayTimeout, "timeout_error", it.src.Path, "media not encoded within %v", r.s.opts.ItemTimeout)
+			return fail(ErrTimeout, it.src.Path, "media not encoded within %v", r.s.opts.ItemTimeout)
 		}
 		if err := it.rec.Err(); err != nil {
 			if retried, rerr := r.retrySmaller(ctx, i, err); retried {
@@ -413,8 +401,8 @@ func (r *request) await(ctx context.Context) error {
 				}
 				err = rerr
 			}
-			if !r.p.ext.TextFallback {
-				return errorf(http.StatusInternalServerError, "server_error", it.src.Path, "encoding %v failed: %v", it.modality, err)
+			if !r.p.Ext.TextFallback {
+				return fail(nil, it.src.Path, "encoding %v failed: %v", it.modality, err)
 			}
 			r.s.log.Info("dropping a media item (text_fallback)", "request", r.id, "item", it.src.Path, "err", err)
 			failed = append(failed, i)
@@ -434,20 +422,20 @@ func (r *request) await(ctx context.Context) error {
 // pictures cannot shrink). It reports whether it tried, and the retry's error.
 func (r *request) retrySmaller(ctx context.Context, i int, cause error) (bool, error) {
 	it := r.items[i]
-	if !errors.Is(cause, native.ErrNoMem) || it.modality != ModalityVideo || len(it.inputs) < 2 {
+	if !errors.Is(cause, native.ErrNoMem) || it.modality != sequence.Video || len(it.inputs) < 2 {
 		return false, nil
 	}
 	mo := r.s.opts.Media
 	mo.Video.MaxFrames = len(it.inputs) / 2
 	r.s.log.Warn("encoding a video again with half its frames", "request", r.id, "item", it.src.Path, "frames", mo.Video.MaxFrames, "cause", cause)
-	small, err := r.s.prepareWith(ctx, it.src, r.p.ext.CacheSalt, mo, fmt.Sprintf("%s/max-frames=%d", r.s.opts.MediaKey, mo.Video.MaxFrames))
+	small, err := r.s.prepareWith(ctx, it.src, r.p.Ext.CacheSalt, mo, fmt.Sprintf("%s/max-frames=%d", r.s.opts.MediaKey, mo.Video.MaxFrames))
 	if err != nil {
 		return true, err
 	}
-	rec, job, err := r.fr.Admit(ctx, features.Item{Key: small.key, MediaID: small.id, Modality: small.modality.String(),
+	rec, job, err := r.fr.Admit(ctx, features.Item{Key: small.key, MediaID: small.id,
 		Bytes: int64(small.tokens) * int64(r.s.models.Hidden) * int64(r.s.models.DType.Size())})
 	if err != nil {
-		return true, budgetError(err, it.src.Path)
+		return true, storeError(err, it.src.Path)
 	}
 	small.rec, small.job = rec, job
 	if job != nil {
@@ -479,11 +467,11 @@ func (r *request) merge(ctx context.Context) (native.Matrix, error) {
 	dt, width := s.models.DType, s.models.Hidden
 	view, err := r.fr.AllocMerged(ctx, false, int64(r.pm.Len*width*dt.Size()))
 	if err != nil {
-		return native.Matrix{}, budgetError(err, "")
+		return native.Matrix{}, storeError(err, "")
 	}
 	dst, err := view.Matrix(dt, r.pm.Len, width)
 	if err != nil {
-		return native.Matrix{}, errorf(http.StatusInternalServerError, "server_error", "", "%v", err)
+		return native.Matrix{}, &Error{Err: err}
 	}
 	feats := make([]native.Matrix, len(r.items))
 	for i, it := range r.items {
@@ -492,16 +480,16 @@ func (r *request) merge(ctx context.Context) (native.Matrix, error) {
 			feats[i], err = v.Matrix(dt, it.tokens, width)
 		}
 		if err != nil {
-			return native.Matrix{}, errorf(http.StatusInternalServerError, "server_error", it.src.Path, "%v", err)
+			return native.Matrix{}, &Error{Param: it.src.Path, Err: err}
 		}
 	}
 	t0 := time.Now()
-	if err := MergeSequence(dst, r.pm, s.models.Table, feats, 0); err != nil {
-		return native.Matrix{}, errorf(http.StatusInternalServerError, "server_error", "", "merge: %v", err)
+	if err := sequence.Merge(dst, r.pm, s.models.Table, feats, 0); err != nil {
+		return native.Matrix{}, fail(nil, "", "merge: %v", err)
 	}
 	s.metrics.mergeSeconds.Observe(time.Since(t0).Seconds())
 	if err := r.fr.Merged(); err != nil {
-		return native.Matrix{}, errorf(http.StatusInternalServerError, "server_error", "", "%v", err)
+		return native.Matrix{}, &Error{Err: err}
 	}
 	return dst, nil
 }
@@ -512,17 +500,16 @@ func (r *request) generate(ctx context.Context, d router.Decision, embeds native
 	s := r.s
 	w := s.worker(d.Worker)
 	if w == nil {
-		return nil, errorf(http.StatusServiceUnavailable, "overloaded_error", "", "worker %q is gone", d.Worker)
+		return nil, fail(ErrUnavailable, "", "worker %q is gone", d.Worker)
 	}
 	ids, spans := r.expanded()
-	wreq := &worker.Request{ID: r.id, TokenIDs: ids, Media: spans, Embeds: embeds, Sampling: r.p.sampling, CacheSalt: r.p.ext.CacheSalt}
+	wreq := &worker.Request{ID: r.id, TokenIDs: ids, Media: spans, Embeds: embeds, Sampling: r.p.Sampling, CacheSalt: r.p.Ext.CacheSalt}
 	events, err := w.Generate(ctx, wreq)
 	if err != nil {
 		if errors.Is(err, worker.ErrUnavailable) {
-			s.router.SetHealthy(d.Worker, false) //nolint:errcheck // a worker that is gone cannot be marked
-			time.AfterFunc(5*time.Second, func() { s.router.SetHealthy(d.Worker, true) })
+			s.suspend(d.Worker)
 		}
-		return nil, errorf(http.StatusBadGateway, "upstream_error", "", "worker %s: %v", d.Worker, err)
+		return nil, fail(ErrUpstream, "", "worker %s: %v", d.Worker, err)
 	}
 	if err := s.router.Start(r.id, d, d.Worker, time.Now()); err == nil {
 		r.routed.Store(true)
@@ -594,24 +581,6 @@ func (r *request) release(err error) {
 		if r.routed.Load() {
 			r.s.router.Finish(r.id)
 		}
-		r.s.metrics.finished(r.p.endpoint, outcomeOf(err), time.Since(r.start))
 		r.s.active.Done()
 	})
-}
-
-// outcomeOf names how a request ended, for metrics.
-func outcomeOf(err error) string {
-	var apiErr *openai.Error
-	switch {
-	case errors.Is(err, errDone):
-		return "ok"
-	case errors.Is(err, context.Canceled):
-		return "cancelled"
-	case errors.As(err, &apiErr) && apiErr.Status < 500:
-		if apiErr.Status == http.StatusTooManyRequests {
-			return "rejected"
-		}
-		return "bad_request"
-	}
-	return "error"
 }

@@ -6,13 +6,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dataplane/dataplane/encoderpool"
+	"dataplane/dataplane/sequence"
 )
 
 // serviceMetrics are the request path's own metrics; the feature store and the router export
-// theirs through their collectors.
+// theirs through their collectors, dataplane/api the requests by endpoint and outcome.
 type serviceMetrics struct {
-	requests     *prometheus.CounterVec   // endpoint, outcome
-	latency      *prometheus.HistogramVec // endpoint: arrival to the last token
 	ttft         prometheus.Histogram     // arrival to the first token
 	items        *prometheus.CounterVec   // modality, cache (hit, miss)
 	encode       *prometheus.HistogramVec // modality: an item's encode time, queue wait included
@@ -26,10 +25,6 @@ type serviceMetrics struct {
 func newServiceMetrics() *serviceMetrics {
 	secs := prometheus.ExponentialBuckets(0.001, 2, 16) // 1 ms .. 33 s
 	return &serviceMetrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dataplane_requests_total",
-			Help: "Requests by endpoint and outcome (ok, bad_request, rejected, cancelled, error)."}, []string{"endpoint", "outcome"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "dataplane_request_duration_seconds",
-			Help: "Arrival to the last token (or the failure).", Buckets: secs}, []string{"endpoint"}),
 		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dataplane_ttft_seconds",
 			Help: "Arrival to the first token from the LLM worker.", Buckets: secs}),
 		items: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dataplane_media_items_total",
@@ -50,11 +45,11 @@ func newServiceMetrics() *serviceMetrics {
 }
 
 func (m *serviceMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.latency, m.ttft, m.items, m.encode, m.batchItems, m.batchSeconds,
+	return []prometheus.Collector{m.ttft, m.items, m.encode, m.batchItems, m.batchSeconds,
 		m.queueWait, m.batchErrors, m.mergeSeconds}
 }
 
-func (m *serviceMetrics) item(mod Modality, hit bool) {
+func (m *serviceMetrics) item(mod sequence.Modality, hit bool) {
 	cache := "miss"
 	if hit {
 		cache = "hit"
@@ -62,20 +57,16 @@ func (m *serviceMetrics) item(mod Modality, hit bool) {
 	m.items.WithLabelValues(mod.String(), cache).Inc()
 }
 
-func (m *serviceMetrics) encoded(mod Modality, d time.Duration) {
+func (m *serviceMetrics) encoded(mod sequence.Modality, d time.Duration) {
 	m.encode.WithLabelValues(mod.String()).Observe(d.Seconds())
 }
 
 func (m *serviceMetrics) observeBatch(b encoderpool.BatchStats) {
-	m.batchItems.WithLabelValues(b.Modality).Observe(float64(b.Items))
-	m.batchSeconds.WithLabelValues(b.Modality).Observe(b.Took.Seconds())
-	m.queueWait.WithLabelValues(b.Modality).Observe(b.Waited.Seconds())
+	mod := b.Modality.String()
+	m.batchItems.WithLabelValues(mod).Observe(float64(b.Items))
+	m.batchSeconds.WithLabelValues(mod).Observe(b.Took.Seconds())
+	m.queueWait.WithLabelValues(mod).Observe(b.Waited.Seconds())
 	if b.Err != nil {
-		m.batchErrors.WithLabelValues(b.Modality).Inc()
+		m.batchErrors.WithLabelValues(mod).Inc()
 	}
-}
-
-func (m *serviceMetrics) finished(endpoint, outcome string, d time.Duration) {
-	m.requests.WithLabelValues(endpoint, outcome).Inc()
-	m.latency.WithLabelValues(endpoint).Observe(d.Seconds())
 }

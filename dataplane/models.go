@@ -10,6 +10,7 @@ import (
 	"dataplane/dataplane/encoder"
 	"dataplane/dataplane/media"
 	"dataplane/dataplane/media/picture"
+	"dataplane/dataplane/sequence"
 	"dataplane/features/safetensors"
 	"dataplane/native"
 )
@@ -249,11 +250,11 @@ func (m *Models) loadTable(o ModelOptions, width int) error {
 }
 
 // ForModality is the encoder and preset for a modality (video frames use the vision ones).
-func (m *Models) ForModality(mod Modality) (*encoder.Model, media.Preset, error) {
+func (m *Models) ForModality(mod sequence.Modality) (*encoder.Model, media.Preset, error) {
 	switch mod {
-	case ModalityImage, ModalityVideo:
+	case sequence.Image, sequence.Video:
 		return m.Vision, m.VisionPreset, nil
-	case ModalityAudio:
+	case sequence.Audio:
 		if m.Audio != nil {
 			return m.Audio, m.AudioPreset, nil
 		}
@@ -262,10 +263,10 @@ func (m *Models) ForModality(mod Modality) (*encoder.Model, media.Preset, error)
 }
 
 // Modalities lists what the server accepts.
-func (m *Models) Modalities() []Modality {
-	out := []Modality{ModalityImage, ModalityVideo}
+func (m *Models) Modalities() []sequence.Modality {
+	out := []sequence.Modality{sequence.Image, sequence.Video}
 	if m.Audio != nil {
-		out = append(out, ModalityAudio)
+		out = append(out, sequence.Audio)
 	}
 	return slices.Clip(out)
 }

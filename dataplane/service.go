@@ -48,20 +48,22 @@ type ServiceOptions struct {
 	MaxUUIDs int
 	// Transfer estimates the cost of sending features to a remote worker (bytes a second).
 	TransferBytesPerSecond float64
-	Log                    *slog.Logger
+	// WorkerRetry is how long a worker that said it is unavailable stays out of routing.
+	WorkerRetry time.Duration
+	// WrapEncoder, if set, wraps the encoder every job runs on (instrumentation; tests inject
+	// faults with it).
+	WrapEncoder func(encoderpool.Model) encoderpool.Model
+	Log         *slog.Logger
 }
 
 // DefaultServiceOptions are the embedded defaults `make run` serves with.
 func DefaultServiceOptions() ServiceOptions {
-	fo := features.DefaultOptions()
-	fo.Host.Capacity = 1 << 30
-	ro := router.DefaultOptions()
 	return ServiceOptions{
 		Models:                 DefaultModelOptions(),
 		Tokenizer:              DefaultTokenizerOptions(),
-		Features:               fo,
+		Features:               features.DefaultOptions(),
 		Pool:                   encoderpool.DefaultOptions(),
-		Router:                 ro,
+		Router:                 router.DefaultOptions(),
 		Limits:                 openai.DefaultLimits(),
 		MediaKey:               "default",
 		MaxMediaBytes:          32 << 20,
@@ -70,6 +72,7 @@ func DefaultServiceOptions() ServiceOptions {
 		DefaultMaxTokens:       256,
 		MaxUUIDs:               1 << 16,
 		TransferBytesPerSecond: 10e9,
+		WorkerRetry:            5 * time.Second,
 	}
 }
 
@@ -90,12 +93,11 @@ type Service struct {
 
 	mu      sync.Mutex
 	workers map[string]worker.Worker
+	revive  map[string]*time.Timer // per suspended worker: marks it healthy again (s.mu)
 	closed  bool
 	active  sync.WaitGroup // requests in flight, for the drain
 	nextID  atomic.Uint64
 	prepSem chan struct{} // bounds concurrent media preprocessing to the CPU count
-	// wrapModel, set by tests, wraps the encoder a job runs on (fault injection).
-	wrapModel func(encoderpool.Model) encoderpool.Model
 }
 
 // NewService loads the models and the tokenizer and builds the pieces. Workers are added
@@ -104,7 +106,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{opts: opts, log: opts.Log, workers: map[string]worker.Worker{}, uuids: newUUIDTable(max(opts.MaxUUIDs, 1)),
+	s := &Service{opts: opts, log: opts.Log, workers: map[string]worker.Worker{}, revive: map[string]*time.Timer{},
+		uuids:  newUUIDTable(max(opts.MaxUUIDs, 1)),
 		routes: router.NewDecisionLog(router.RecentDecisions), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0))}
 	var err error
 	if s.tok, err = LoadTokenizer(opts.Tokenizer); err != nil {
@@ -158,6 +161,15 @@ func (s *Service) AddWorker(w worker.Worker) (*router.Engine, error) {
 // Router is the service's router (for metrics and the debug endpoint).
 func (s *Service) Router() *router.Router { return s.router }
 
+// Decisions are the latest routing decisions, for the debug endpoint.
+func (s *Service) Decisions() *router.DecisionLog { return s.routes }
+
+// Limits bound what one request may contain, for the API's parser.
+func (s *Service) Limits() openai.Limits { return s.opts.Limits }
+
+// FeatureStats are the feature store's counters now.
+func (s *Service) FeatureStats() features.Stats { return s.store.Stats() }
+
 // Models and Tokenizer are what the service serves with.
 func (s *Service) Models() *Models { return s.models }
 func (s *Service) Tokenizer() *Tok { return s.tok }
@@ -197,6 +209,9 @@ func (s *Service) Close(ctx context.Context) error {
 	}
 	s.pool.Close()
 	s.mu.Lock()
+	for _, t := range s.revive {
+		t.Stop()
+	}
 	for _, w := range s.workers {
 		w.Close()
 	}
@@ -225,6 +240,21 @@ func (s *Service) begin() bool {
 	}
 	s.active.Add(1)
 	return true
+}
+
+// suspend takes a worker that said it is unavailable out of routing for WorkerRetry.
+func (s *Service) suspend(name string) {
+	s.router.SetHealthy(name, false) //nolint:errcheck // a worker that is gone cannot be marked
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if t, ok := s.revive[name]; ok {
+		t.Reset(s.opts.WorkerRetry)
+		return
+	}
+	s.revive[name] = time.AfterFunc(s.opts.WorkerRetry, func() { s.router.SetHealthy(name, true) }) //nolint:errcheck
 }
 
 func (s *Service) worker(name string) worker.Worker {

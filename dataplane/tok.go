@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"dataplane/dataplane/openai"
+	"dataplane/dataplane/sequence"
 	"dataplane/dataplane/tokenizer"
 )
 
@@ -29,10 +30,10 @@ type TokenizerOptions struct {
 func DefaultTokenizerOptions() TokenizerOptions { return TokenizerOptions{} }
 
 // placeholderNames are the usual placeholder tokens by modality, tried in order.
-var placeholderNames = map[Modality][]string{
-	ModalityImage: {"<|image_pad|>", "<image>", "<IMG_CONTEXT>", "<|image|>"},
-	ModalityVideo: {"<|video_pad|>", "<video>"},
-	ModalityAudio: {"<|AUDIO|>", "<|audio_pad|>", "<audio>"},
+var placeholderNames = map[sequence.Modality][]string{
+	sequence.Image: {"<|image_pad|>", "<image>", "<IMG_CONTEXT>", "<|image|>"},
+	sequence.Video: {"<|video_pad|>", "<video>"},
+	sequence.Audio: {"<|AUDIO|>", "<|audio_pad|>", "<audio>"},
 }
 
 // Tok is the tokenizer with the daemon's choices: template, placeholder ids, and how a media
@@ -40,9 +41,9 @@ var placeholderNames = map[Modality][]string{
 type Tok struct {
 	*tokenizer.Tokenizer
 	opts     TokenizerOptions
-	ph       Placeholders
+	ph       sequence.Placeholders
 	phText   map[string]string // part type → text, for templates that take strings
-	tokNames map[Modality]string
+	tokNames map[sequence.Modality]string
 }
 
 // LoadTokenizer loads the tokenizer and resolves the placeholder tokens.
@@ -63,10 +64,11 @@ func LoadTokenizer(o TokenizerOptions) (*Tok, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	k := &Tok{Tokenizer: t, opts: o, ph: Placeholders{Image: NoPlaceholder, Video: NoPlaceholder, Audio: NoPlaceholder},
-		phText: map[string]string{}, tokNames: map[Modality]string{}}
-	given := map[Modality]string{ModalityImage: o.ImageToken, ModalityVideo: o.VideoToken, ModalityAudio: o.AudioToken}
-	for _, mod := range []Modality{ModalityImage, ModalityVideo, ModalityAudio} {
+	none := sequence.NoPlaceholder
+	k := &Tok{Tokenizer: t, opts: o, ph: sequence.Placeholders{Image: none, Video: none, Audio: none},
+		phText: map[string]string{}, tokNames: map[sequence.Modality]string{}}
+	given := map[sequence.Modality]string{sequence.Image: o.ImageToken, sequence.Video: o.VideoToken, sequence.Audio: o.AudioToken}
+	for _, mod := range []sequence.Modality{sequence.Image, sequence.Video, sequence.Audio} {
 		names := placeholderNames[mod]
 		if given[mod] != "" {
 			names = []string{given[mod]}
@@ -84,11 +86,11 @@ func LoadTokenizer(o TokenizerOptions) (*Tok, error) {
 			break
 		}
 	}
-	if err := k.ph.validate(); err != nil {
+	if err := k.ph.Validate(); err != nil {
 		return nil, fmt.Errorf("tokenizer placeholders: %w", err)
 	}
 	// How a media part reads in a flattened prompt, with the start/end tokens its family uses.
-	wrap := func(mod Modality, open, close string) {
+	wrap := func(mod sequence.Modality, open, close string) {
 		name, ok := k.tokNames[mod]
 		if !ok {
 			return
@@ -101,25 +103,25 @@ func LoadTokenizer(o TokenizerOptions) (*Tok, error) {
 		}
 		k.phText[mod.String()] = text
 	}
-	wrap(ModalityImage, "<|vision_start|>", "<|vision_end|>")
-	wrap(ModalityVideo, "<|vision_start|>", "<|vision_end|>")
-	wrap(ModalityAudio, "<|audio_bos|>", "<|audio_eos|>")
+	wrap(sequence.Image, "<|vision_start|>", "<|vision_end|>")
+	wrap(sequence.Video, "<|vision_start|>", "<|vision_end|>")
+	wrap(sequence.Audio, "<|audio_bos|>", "<|audio_eos|>")
 	return k, nil
 }
 
-func (k *Tok) setPlaceholder(mod Modality, id int32) {
+func (k *Tok) setPlaceholder(mod sequence.Modality, id int32) {
 	switch mod {
-	case ModalityImage:
+	case sequence.Image:
 		k.ph.Image = id
-	case ModalityVideo:
+	case sequence.Video:
 		k.ph.Video = id
-	case ModalityAudio:
+	case sequence.Audio:
 		k.ph.Audio = id
 	}
 }
 
 // Placeholders are the placeholder token ids in use.
-func (k *Tok) Placeholders() Placeholders { return k.ph }
+func (k *Tok) Placeholders() sequence.Placeholders { return k.ph }
 
 // Chat renders messages with the chat template (a generation prompt added) and encodes them;
 // each media part becomes exactly one placeholder token.
@@ -136,12 +138,9 @@ func (k *Tok) Chat(msgs []openai.Message) ([]int32, error) {
 				tm[i].Parts = append(tm[i].Parts, tokenizer.Part{Type: "text", Text: p.Text})
 				continue
 			}
-			mod, err := modalityOf(p.Media.Modality)
-			if err != nil {
-				return nil, openai.BadRequest(p.Media.Path, "%v", err)
-			}
-			if k.ph.id(mod) == NoPlaceholder {
-				return nil, openai.BadRequest(p.Media.Path, "the model's tokenizer has no %v placeholder token", mod)
+			mod := p.Media.Modality
+			if k.ph.ID(mod) == sequence.NoPlaceholder {
+				return nil, openai.Invalid(p.Media.Path, "the model's tokenizer has no %v placeholder token", mod)
 			}
 			tm[i].Parts = append(tm[i].Parts, tokenizer.Part{Type: mod.String(), Ref: p.Media.UUID})
 		}
@@ -152,7 +151,7 @@ func (k *Tok) Chat(msgs []openai.Message) ([]int32, error) {
 	ids, err := k.EncodeChat(tm, tokenizer.ChatOptions{Builtin: k.opts.ChatTemplate, AddGenerationPrompt: true,
 		Placeholders: k.phText})
 	if err != nil {
-		return nil, &openai.Error{Status: 400, Type: "invalid_request_error", Param: "messages", Message: "chat template: " + err.Error()}
+		return nil, openai.Invalid("messages", "chat template: %v", err)
 	}
 	return ids, nil
 }

@@ -3,7 +3,6 @@ package features
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 )
 
@@ -55,7 +54,7 @@ func (r Rejection) String() string {
 }
 
 // BudgetError is an allocation the budget refused after evicting idle cached entries and
-// waiting. The API answers it with HTTPStatus and, when RetryAfter > 0, a Retry-After header.
+// waiting. Reason says whether waiting could help; RetryAfter, when > 0, how long to wait.
 type BudgetError struct {
 	Pool       string // "host" or "device"
 	Reason     Rejection
@@ -70,19 +69,6 @@ func (e *BudgetError) Error() string {
 }
 
 func (e *BudgetError) Unwrap() error { return ErrBudget }
-
-// HTTPStatus is the status the API answers with: 429 when the admission queue is full (slow
-// down), 503 when memory stayed full until the deadline (the node is saturated), 413 when the
-// item alone is larger than the pool.
-func (e *BudgetError) HTTPStatus() int {
-	switch e.Reason {
-	case RejectQueueFull:
-		return http.StatusTooManyRequests
-	case RejectTooLarge:
-		return http.StatusRequestEntityTooLarge
-	}
-	return http.StatusServiceUnavailable
-}
 
 // EncodeError is what holders of a record whose encoding failed see.
 type EncodeError struct {

@@ -230,7 +230,7 @@ func (m *model) admit() bool {
 	}
 	lru, expired := m.cachedBefore()
 	pre := m.s.Stats()
-	rec, job, err := q.req.Admit(context.Background(), Item{Key: k, MediaID: k.Content, Modality: "image", Bytes: n})
+	rec, job, err := q.req.Admit(context.Background(), Item{Key: k, MediaID: k.Content, Bytes: n})
 	if x := m.index[k]; x != nil && !expired[x] { // a hit
 		require.NoError(m.t, err)
 		require.Nil(m.t, job)

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Record is one media item's features: what they are (key, media id, modality), where they
+// Record is one media item's features: what they are (key, media id), where they
 // are (a host allocation, maybe a device copy), how far they have got (State) and who holds
 // them (requests, by refcount). Records are created by Request.Admit and shared by every
 // request that admits the same key while the record lives. Methods are safe for concurrent use.
@@ -15,7 +15,6 @@ type Record struct {
 	id        uint64
 	key       Key
 	mediaID   string
-	modality  string
 	estimated int64
 	created   time.Time
 	ready     chan struct{} // closed when encoding ends, successfully or not
@@ -46,9 +45,6 @@ func (r *Record) Key() Key { return r.key }
 
 // MediaID is the id of the item in the request that created the record.
 func (r *Record) MediaID() string { return r.mediaID }
-
-// Modality is "image", "video", "audio" or whatever the admitting request said.
-func (r *Record) Modality() string { return r.modality }
 
 // EstimatedBytes is the size reserved before encoding.
 func (r *Record) EstimatedBytes() int64 { return r.estimated }

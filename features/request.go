@@ -50,10 +50,9 @@ type hold struct {
 
 // Item describes a media item to admit.
 type Item struct {
-	Key      Key
-	MediaID  string // the item's id in the request (content part uuid or index), for errors
-	Modality string // "image", "video", "audio"
-	Bytes    int64  // the exact feature size: tokens × hidden size × dtype size
+	Key     Key
+	MediaID string // the item's id in the request (content part uuid or index), for errors
+	Bytes   int64  // the exact feature size: tokens × hidden size × dtype size
 }
 
 // Begin starts a request. Nothing is reserved until Admit.
@@ -106,8 +105,8 @@ func (r *Request) Admit(ctx context.Context, it Item) (*Record, *Job, error) {
 	if it.Bytes <= 0 {
 		return nil, nil, invalidf("item %q: %d bytes", it.MediaID, it.Bytes)
 	}
-	if len(it.MediaID) > maxKeyField || len(it.Modality) > maxKeyField {
-		return nil, nil, invalidf("item id or modality longer than %d bytes", maxKeyField)
+	if len(it.MediaID) > maxKeyField {
+		return nil, nil, invalidf("item id longer than %d bytes", maxKeyField)
 	}
 	s := r.s
 	s.mu.Lock()
@@ -141,7 +140,7 @@ func (r *Request) Admit(ctx context.Context, it Item) (*Record, *Job, error) {
 	s.nextID++
 	jobCtx, cancel := context.WithCancel(context.Background())
 	rec := &Record{
-		s: s, id: s.nextID, key: it.Key, mediaID: it.MediaID, modality: it.Modality, estimated: it.Bytes,
+		s: s, id: s.nextID, key: it.Key, mediaID: it.MediaID, estimated: it.Bytes,
 		created: s.opts.Now(), ready: make(chan struct{}),
 		state: StateEncoding, host: a, indexed: true, cancel: cancel,
 	}

@@ -48,12 +48,12 @@ type Options struct {
 	Now func() time.Time
 }
 
-// DefaultOptions: a 4 GiB host budget (about 900 LLaVA images) in 64 KiB blocks of
+// DefaultOptions: a 1 GiB host budget (about 220 LLaVA images of 576 × 4096 bf16) in 64 KiB blocks of
 // transparent-huge-page-backed anonymous memory, no device pool, 2 s of backpressure, queues of
 // 1024, Retry-After 1 s.
 func DefaultOptions() Options {
 	return Options{
-		Host:               PoolOptions{Capacity: 4 << 30, BlockBytes: 64 << 10, Allocator: &MmapAllocator{HugePages: true}},
+		Host:               PoolOptions{Capacity: 1 << 30, BlockBytes: 64 << 10, Allocator: &MmapAllocator{HugePages: true}},
 		MaxWait:            2 * time.Second,
 		MaxWaiters:         1024,
 		RetryAfter:         time.Second,

@@ -3,7 +3,6 @@ package features
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -75,7 +74,7 @@ func key(content string) Key {
 }
 
 func item(content string, n int64) Item {
-	return Item{Key: key(content), MediaID: content + ".png", Modality: "image", Bytes: n}
+	return Item{Key: key(content), MediaID: content + ".png", Bytes: n}
 }
 
 // admitEncode admits an item that must miss, writes fill into its buffer and completes it.
@@ -411,10 +410,10 @@ func TestBudgetRefusals(t *testing.T) {
 	_, _, err = r.Admit(context.Background(), item("huge", 64*kib+1))
 	var be *BudgetError
 	require.ErrorAs(t, err, &be)
-	require.Equal(t, http.StatusRequestEntityTooLarge, be.HTTPStatus())
+	require.Equal(t, RejectTooLarge, be.Reason)
 	require.Zero(t, be.RetryAfter)
 
-	// One waiter fills the queue; a second is refused at once with 429.
+	// One waiter fills the queue; a second is refused at once (the API answers 429).
 	waited := make(chan error, 1)
 	go func() {
 		_, _, err := r.Admit(context.Background(), item("a", 4*kib))
@@ -425,13 +424,11 @@ func TestBudgetRefusals(t *testing.T) {
 	_, _, err = r2.Admit(context.Background(), item("b", 4*kib))
 	require.ErrorAs(t, err, &be)
 	require.Equal(t, RejectQueueFull, be.Reason)
-	require.Equal(t, http.StatusTooManyRequests, be.HTTPStatus())
 	require.Equal(t, 3*time.Second, be.RetryAfter)
 
-	err = <-waited // nothing freed within MaxWait: 503
+	err = <-waited // nothing freed within MaxWait (the API answers 503)
 	require.ErrorAs(t, err, &be)
 	require.Equal(t, RejectTimeout, be.Reason)
-	require.Equal(t, http.StatusServiceUnavailable, be.HTTPStatus())
 	st := s.Stats().Host
 	require.Equal(t, [numRejections]uint64{1, 1, 1}, st.Rejections)
 	require.Equal(t, uint64(1), st.Waits)
@@ -532,7 +529,6 @@ func TestBudgetWaitDeadlineIsTimeout(t *testing.T) {
 	var be *BudgetError
 	require.ErrorAs(t, err, &be)
 	require.Equal(t, RejectTimeout, be.Reason)
-	require.Equal(t, http.StatusServiceUnavailable, be.HTTPStatus())
 	require.Equal(t, uint64(1), s.Stats().Host.Rejections[RejectTimeout])
 	require.Zero(t, s.Stats().Host.Waiting)
 	r.Cancel()

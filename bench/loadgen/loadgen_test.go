@@ -17,6 +17,7 @@ import (
 
 	"dataplane/bench/mocker"
 	"dataplane/bench/synth"
+	"dataplane/dataplane/sequence"
 	"dataplane/router"
 )
 
@@ -50,7 +51,7 @@ func TestLoadgenAgainstMockFleet(t *testing.T) {
 	for i := range 24 {
 		recs = append(recs, synth.Record{Timestamp: float64(i * 40), InputLength: 700, OutputLength: 3 + i%5, HashIDs: []int64{0, int64(i + 1)}})
 	}
-	recs[3].Media = []synth.Media{{Modality: "image", ID: "cat", Offset: 512, Tokens: 100}}
+	recs[3].Media = []synth.Media{{Modality: sequence.Image, ID: "cat", Offset: 512, Tokens: 100}}
 	opts := DefaultOptions()
 	opts.Endpoints = []string{srv.URL + "/engines/0", srv.URL + "/engines/1/"}
 	opts.Speedup = 4

@@ -15,6 +15,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"dataplane/dataplane/api"
 	"dataplane/dataplane/openai"
 	"dataplane/dataplane/worker"
 )
@@ -69,7 +70,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		num, sub, _ := strings.Cut(rest, "/")
 		i, err := strconv.Atoi(num)
 		if err != nil || i < 0 || i >= len(s.workers) {
-			writeError(w, &openai.Error{Status: 404, Type: "not_found_error", Message: fmt.Sprintf("no engine %q (have 0..%d)", num, len(s.workers)-1)})
+			writeError(w, &api.Error{Status: 404, Type: "not_found_error", Message: fmt.Sprintf("no engine %q (have 0..%d)", num, len(s.workers)-1)})
 			return
 		}
 		engine, path = i, "/"+sub
@@ -84,7 +85,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case path == "/v1/completions" && r.Method == http.MethodPost:
 		s.complete(w, r, engine)
 	default:
-		writeError(w, &openai.Error{Status: 404, Type: "not_found_error", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
+		writeError(w, &api.Error{Status: 404, Type: "not_found_error", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	}
 }
 
@@ -160,12 +161,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 	case s.inFlight <- struct{}{}:
 		defer func() { <-s.inFlight }()
 	default:
-		writeError(w, &openai.Error{Status: 429, Type: "rate_limit_error", Message: fmt.Sprintf("%d requests in flight", cap(s.inFlight)), RetryAfter: time.Second})
+		writeError(w, &api.Error{Status: 429, Type: "rate_limit_error", Message: fmt.Sprintf("%d requests in flight", cap(s.inFlight)), RetryAfter: time.Second})
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
 	if err != nil {
-		writeError(w, &openai.Error{Status: 413, Type: "invalid_request_error", Message: fmt.Sprintf("body over %d bytes", s.opts.MaxBodyBytes)})
+		writeError(w, &api.Error{Status: 413, Type: "invalid_request_error", Message: fmt.Sprintf("body over %d bytes", s.opts.MaxBodyBytes)})
 		return
 	}
 	req, err := openai.ParseCompletion(body, openai.DefaultLimits())
@@ -175,7 +176,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 	}
 	var extra completionExtras
 	if err := json.Unmarshal(body, &extra); err != nil {
-		writeError(w, openai.BadRequest("media", "want a list of {start, end, id}: %v", err))
+		writeError(w, api.BadRequest("media", "want a list of {start, end, id}: %v", err))
 		return
 	}
 	if engine < 0 {
@@ -195,11 +196,11 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 		var bad *ErrBadRequest
 		switch {
 		case errors.As(err, &bad):
-			writeError(w, openai.BadRequest("prompt", "%s", bad.Problem))
+			writeError(w, api.BadRequest("prompt", "%s", bad.Problem))
 		case errors.Is(err, worker.ErrUnavailable):
-			writeError(w, &openai.Error{Status: 503, Type: "server_error", Message: err.Error(), RetryAfter: time.Second})
+			writeError(w, &api.Error{Status: 503, Type: "server_error", Message: err.Error(), RetryAfter: time.Second})
 		default:
-			writeError(w, &openai.Error{Status: 500, Type: "server_error", Message: err.Error()})
+			writeError(w, &api.Error{Status: 500, Type: "server_error", Message: err.Error()})
 		}
 		return
 	}
@@ -213,7 +214,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 			n += ev.Tokens
 			if ev.Done {
 				if ev.Err != nil {
-					writeError(w, &openai.Error{Status: 500, Type: "server_error", Message: ev.Err.Error()})
+					writeError(w, &api.Error{Status: 500, Type: "server_error", Message: ev.Err.Error()})
 					return
 				}
 				reason := ev.FinishReason
@@ -227,7 +228,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	bw := bufio.NewWriter(w)
-	sse := openai.NewSSE(bw)
+	sse := api.NewSSE(bw)
 	flusher, _ := w.(http.Flusher)
 	flush := func() {
 		if flusher != nil {
@@ -239,7 +240,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 		if ev.Done {
 			if ev.Err != nil {
 				if !errors.Is(ev.Err, context.Canceled) {
-					_ = sse.Error(&openai.Error{Status: 500, Type: "server_error", Message: ev.Err.Error()})
+					_ = sse.Error(&api.Error{Status: 500, Type: "server_error", Message: ev.Err.Error()})
 				}
 				flush()
 				return
@@ -306,10 +307,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	var oe *openai.Error
-	if !errors.As(err, &oe) {
-		oe = &openai.Error{Status: 500, Type: "server_error", Message: err.Error()}
-	}
+	oe := api.ErrorOf(err)
 	if oe.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(oe.RetryAfter.Seconds(), 1))))
 	}

@@ -1,6 +1,7 @@
 package synth
 
 import (
+	"dataplane/dataplane/sequence"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -176,10 +177,10 @@ func synthesize(t *Tree, k Knobs) ([]Record, []provenance, error) {
 			rec.InputLength = max(rec.InputLength, offset)
 		}
 		for mi, mod := range []struct {
-			name   string
-			share  float64
-			tokens int
-		}{{"image", k.ImageShare, k.ImageTokens}, {"video", k.VideoShare, k.VideoTokens}, {"audio", k.AudioShare, k.AudioTokens}} {
+			modality sequence.Modality
+			share    float64
+			tokens   int
+		}{{sequence.Image, k.ImageShare, k.ImageTokens}, {sequence.Video, k.VideoShare, k.VideoTokens}, {sequence.Audio, k.AudioShare, k.AudioTokens}} {
 			has, reuse, pick := rMedia.Float64() < mod.share, rMedia.Float64() < k.MediaReuse, rMedia.Uint64()
 			if !has {
 				continue
@@ -191,11 +192,11 @@ func synthesize(t *Tree, k Knobs) ([]Record, []provenance, error) {
 				id = used[pick%uint64(len(used))]
 			} else {
 				mediaCount++
-				id = fmt.Sprintf("%s-%d-%d", mod.name, seed%100000, mediaCount)
+				id = fmt.Sprintf("%v-%d-%d", mod.modality, seed%100000, mediaCount)
 				pools[pool] = append(used, id)
 			}
 			mediaAt()
-			rec.Media = append(rec.Media, Media{Modality: mod.name, ID: id, Offset: offset, Tokens: mod.tokens})
+			rec.Media = append(rec.Media, Media{Modality: mod.modality, ID: id, Offset: offset, Tokens: mod.tokens})
 			offset += mod.tokens
 			rec.InputLength += mod.tokens
 		}

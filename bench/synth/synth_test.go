@@ -2,6 +2,7 @@ package synth
 
 import (
 	"bytes"
+	"dataplane/dataplane/sequence"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -151,7 +152,7 @@ func TestKnobs(t *testing.T) {
 			for _, m := range r.Media {
 				require.GreaterOrEqual(t, m.Offset, 512*p[i].prefixBlocks)
 				added += m.Tokens
-				require.Equal(t, map[string]int{"image": k.ImageTokens, "video": k.VideoTokens, "audio": k.AudioTokens}[m.Modality], m.Tokens)
+				require.Equal(t, map[sequence.Modality]int{sequence.Image: k.ImageTokens, sequence.Video: k.VideoTokens, sequence.Audio: k.AudioTokens}[m.Modality], m.Tokens)
 			}
 			want := b[i].InputLength
 			if len(r.Media) > 0 { // filled to its last shared block's end first
@@ -164,7 +165,7 @@ func TestKnobs(t *testing.T) {
 		}
 		return out, p
 	}
-	share := func(out []Record, modality string) float64 {
+	share := func(out []Record, modality sequence.Modality) float64 {
 		n := 0
 		for _, r := range out {
 			for _, m := range r.Media {
@@ -178,14 +179,14 @@ func TestKnobs(t *testing.T) {
 	k := base
 	k.ImageShare, k.AudioShare = 0.3, 0.1
 	mixed, _ := media(k)
-	require.InDelta(t, 0.3, share(mixed, "image"), 0.04)
-	require.InDelta(t, 0.1, share(mixed, "audio"), 0.03)
-	require.Zero(t, share(mixed, "video"))
+	require.InDelta(t, 0.3, share(mixed, sequence.Image), 0.04)
+	require.InDelta(t, 0.1, share(mixed, sequence.Audio), 0.03)
+	require.Zero(t, share(mixed, sequence.Video))
 	k = base
 	k.VideoShare = 0.2
 	video, _ := media(k)
-	require.InDelta(t, 0.2, share(video, "video"), 0.03)
-	require.Zero(t, share(video, "image")+share(video, "audio"))
+	require.InDelta(t, 0.2, share(video, sequence.Video), 0.03)
+	require.Zero(t, share(video, sequence.Image)+share(video, sequence.Audio))
 	// Sizes: the same requests get the same items, only their token counts change.
 	k = base
 	k.ImageShare, k.VideoShare, k.AudioShare = 0.3, 0.2, 0.1
@@ -203,7 +204,7 @@ func TestKnobs(t *testing.T) {
 	// conversation uses one item per modality. Nothing but the ids changes.
 	type scope struct {
 		copy, conversation int
-		modality           string
+		modality           sequence.Modality
 	}
 	reuse := func(r float64) (items, repeats int, scopes map[scope]bool) {
 		k := base
@@ -285,7 +286,7 @@ func TestReadTraceErrors(t *testing.T) {
 	f(`{"timestamp": 5, "input_length": 1, "hash_ids": [1]}`+"\n"+`{"timestamp": 4, "input_length": 1, "hash_ids": [1]}`, "before the previous")
 	f(`{"timestamp": 0, "input_length": 0, "hash_ids": []}`, "input_length 0")
 	f(`{"timestamp": 0, "input_length": 10, "hash_ids": [1], "media": [{"modality": "image", "id": "x", "offset": 5, "tokens": 6}]}`, "media[0]: tokens [5, 5+6)")
-	f(`{"timestamp": 0, "input_length": 10, "hash_ids": [1], "media": [{"modality": "smell", "id": "x", "offset": 0, "tokens": 1}]}`, `media[0].modality "smell"`)
+	f(`{"timestamp": 0, "input_length": 10, "hash_ids": [1], "media": [{"modality": "smell", "id": "x", "offset": 0, "tokens": 1}]}`, `unknown modality "smell"`)
 	f(`{"timestamp": 0,`, "line 1")
 	// Hash ids that are not a prefix tree.
 	recs, err := ReadTrace(strings.NewReader(ok+`{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [3, 2]}`), DefaultLimits())

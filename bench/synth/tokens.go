@@ -3,6 +3,7 @@ package synth
 import (
 	"math/rand/v2"
 
+	"dataplane/dataplane/sequence"
 	"dataplane/dataplane/worker"
 )
 
@@ -31,9 +32,9 @@ func PromptTokens(rec *Record, blockSize, vocab int) ([]int32, []worker.MediaSpa
 	for _, m := range rec.Media {
 		ph := int32(ImageToken)
 		switch m.Modality {
-		case "video":
+		case sequence.Video:
 			ph = VideoToken
-		case "audio":
+		case sequence.Audio:
 			ph = AudioToken
 		}
 		for i := m.Offset; i < m.Offset+m.Tokens; i++ {

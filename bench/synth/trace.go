@@ -5,6 +5,7 @@ package synth
 
 import (
 	"bufio"
+	"dataplane/dataplane/sequence"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,10 +26,10 @@ type Record struct {
 // Media is a media item inside a prompt: its placeholder tokens [Offset, Offset+Tokens) and
 // the identifier engines and routers hash (equal ids: the same image, audio or video).
 type Media struct {
-	Modality string `json:"modality"` // image, video, audio
-	ID       string `json:"id"`
-	Offset   int    `json:"offset"`
-	Tokens   int    `json:"tokens"`
+	Modality sequence.Modality `json:"modality"` // "image", "video", "audio"
+	ID       string            `json:"id"`
+	Offset   int               `json:"offset"`
+	Tokens   int               `json:"tokens"`
 }
 
 // Limits bound what a trace may hold. DefaultLimits has the defaults.
@@ -104,8 +105,8 @@ func (rec *Record) check(lim Limits) error {
 	}
 	for i, m := range rec.Media {
 		switch {
-		case m.Modality != "image" && m.Modality != "video" && m.Modality != "audio":
-			return fmt.Errorf("media[%d].modality %q (want image, video or audio)", i, m.Modality)
+		case m.Modality == 0:
+			return fmt.Errorf("media[%d].modality is missing", i)
 		case m.ID == "":
 			return fmt.Errorf("media[%d].id is empty", i)
 		case m.Tokens <= 0 || m.Offset < 0 || m.Offset > rec.InputLength-m.Tokens:

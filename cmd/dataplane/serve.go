@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"dataplane/bench/mocker"
 	"dataplane/cuda"
 	"dataplane/dataplane"
+	"dataplane/dataplane/api"
 	"dataplane/dataplane/worker"
 	"dataplane/native"
 	"dataplane/router"
@@ -36,7 +36,7 @@ type serveFlags struct {
 }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
-	opts := dataplane.DefaultOptions()
+	opts := api.DefaultOptions()
 	so := dataplane.DefaultServiceOptions()
 	var sf serveFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -103,13 +103,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		fmt.Fprint(stderr, configUsage(fs))
 	}
 	if err := loadConfig(fs, args, os.Getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		if !strings.Contains(err.Error(), "flag provided but not defined") && !strings.HasPrefix(err.Error(), "invalid value") {
-			fmt.Fprintf(stderr, "serve: %v\n", err) // from the environment or the config file
-		}
-		return errUsage
+		return configFailed("serve", err, stderr)
 	}
 	usageErr := func(format string, a ...any) error {
 		fmt.Fprintf(stderr, "serve: "+format+"\n", a...)
@@ -145,7 +139,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		"shutdown_timeout", opts.ShutdownTimeout, "workers", sf.workers, "vision_model", mo.VisionModel,
 		"audio_model", mo.AudioModel, "tokenizer", so.Tokenizer.Dir, "feature_bytes", so.Features.Host.Capacity,
 		"dtype", mo.DType, "block_size", so.Router.BlockSize)
-	srv := dataplane.NewServer(opts, log)
+	srv := api.NewServer(opts, log)
 	backend := selectBackend(ctx, sf.cudaPlugin, log)
 	log.Info("backends", "cpu", native.BestISA().String(), "cpu_supported", isaList(), "cuda", backend.cuda, "using", backend.name)
 	if backend.nvml != nil {

@@ -1,4 +1,4 @@
-package dataplane
+package api
 
 import (
 	"bufio"
@@ -25,6 +25,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/dataplane"
 	"dataplane/dataplane/encoder"
 	"dataplane/dataplane/encoderpool"
 	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
@@ -113,7 +114,7 @@ func repeat(v, n int) []int {
 
 // imageBytes is one 224-px picture's features: 256 rows of the model's width.
 func (d *testDaemon) imageBytes() int64 {
-	return int64(256 * d.svc.models.Hidden * d.svc.models.DType.Size())
+	return int64(256 * d.svc.Models().Hidden * d.svc.Models().DType.Size())
 }
 
 // gateModel holds every batch until release is closed; entered is closed when the first batch
@@ -154,7 +155,7 @@ func (m gateModel) Run(inputs []encoder.Input, outs []native.Matrix) error {
 // in both placeholder styles; everything admitted for it is released.
 func TestBadRequestsPlaceholderCount(t *testing.T) {
 	d := startDaemon(t, nil)
-	ph := int(d.svc.tok.Placeholders().Image)
+	ph := int(d.svc.Tokenizer().Placeholders().Image)
 	png := dataURL(t, "image/png", "image_200x150.png")
 	two := []any{map[string]any{"modality": "image", "url": png}, map[string]any{"modality": "image", "data": strings.TrimPrefix(randomPNG(t, 1), "data:image/png;base64,")}}
 	cases := []struct {
@@ -223,7 +224,7 @@ func TestUUIDReusedWithoutMedia(t *testing.T) {
 
 	// The pretokenized endpoint takes the uuid alone too.
 	code, out = d.post(t, "/v1/pretokenized", map[string]any{"max_tokens": 1,
-		"token_ids": []int{1, int(d.svc.tok.Placeholders().Image), 2}, "media": []any{map[string]any{"modality": "image", "uuid": "cat-1"}}})
+		"token_ids": []int{1, int(d.svc.Tokenizer().Placeholders().Image), 2}, "media": []any{map[string]any{"modality": "image", "uuid": "cat-1"}}})
 	require.Equal(t, 200, code, "%v", out)
 	require.Equal(t, 2.0, d.metric(t, `dataplane_media_items_total{cache="hit",modality="image"}`))
 
@@ -238,7 +239,7 @@ func TestUUIDReusedWithoutMedia(t *testing.T) {
 
 // rowsOf cuts a request's first item's rows out of the merged sequence the echo worker kept.
 func rowsOf(embeds []byte, r *worker.Request, d *testDaemon) []byte {
-	row := d.svc.models.Hidden * d.svc.models.DType.Size()
+	row := d.svc.Models().Hidden * d.svc.Models().DType.Size()
 	return embeds[r.Media[0].Start*row : r.Media[0].End*row]
 }
 
@@ -246,16 +247,16 @@ func rowsOf(embeds []byte, r *worker.Request, d *testDaemon) []byte {
 func (d *testDaemon) requireNoFeatureBytesBut(t *testing.T, want int64) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		st := d.svc.store.Stats().Host
+		st := d.svc.FeatureStats().Host
 		return st.Reserved == 0 && st.Requested == want && st.Idle >= want
-	}, 10*time.Second, 10*time.Millisecond, "feature bytes beyond the cached item: %+v", d.svc.store.Stats().Host)
+	}, 10*time.Second, 10*time.Millisecond, "feature bytes beyond the cached item: %+v", d.svc.FeatureStats().Host)
 }
 
 // Pre-tokenized requests with media, in both placeholder styles, merge the same features at
 // the same rows.
 func TestPretokenizedWithMedia(t *testing.T) {
 	d := startDaemon(t, nil)
-	ph := int(d.svc.tok.Placeholders().Image)
+	ph := int(d.svc.Tokenizer().Placeholders().Image)
 	png := dataURL(t, "image/png", "image_200x150.png")
 	media := []any{map[string]any{"modality": "image", "url": png}}
 	code, out := d.post(t, "/v1/pretokenized", map[string]any{"max_tokens": 2, "token_ids": []int{1, 2, ph, 3}, "media": media})
@@ -292,7 +293,7 @@ func TestChatAudioAlone(t *testing.T) {
 	require.Len(t, r.Media, 1)
 	require.Equal(t, 1500, r.Media[0].End-r.Media[0].Start)
 	for i := r.Media[0].Start; i < r.Media[0].End; i++ {
-		require.Equal(t, d.svc.tok.Placeholders().Audio, r.TokenIDs[i])
+		require.Equal(t, d.svc.Tokenizer().Placeholders().Audio, r.TokenIDs[i])
 	}
 	require.Equal(t, 1.0, d.metric(t, `dataplane_media_items_total{cache="miss",modality="audio"}`))
 	require.Zero(t, d.metric(t, `dataplane_media_items_total{cache="miss",modality="image"}`))
@@ -313,7 +314,7 @@ func TestModelsAndDebugRoute(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(body), &list))
 	require.Equal(t, "list", list.Object)
 	require.Len(t, list.Data, 1)
-	require.Equal(t, d.svc.models.Name, list.Data[0].ID)
+	require.Equal(t, d.svc.Models().Name, list.Data[0].ID)
 	require.Equal(t, "model", list.Data[0].Object)
 
 	code, body = get(t, d.base+"/debug/route")
@@ -389,7 +390,7 @@ func TestVideoURLContainer(t *testing.T) {
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 
-	d := startDaemon(t, func(o *ServiceOptions) { o.Fetch.FileDir = dir })
+	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.Fetch.FileDir = dir })
 	video := func(url string) any {
 		return map[string]any{"type": "video_url", "video_url": map[string]any{"url": url}}
 	}
@@ -403,7 +404,7 @@ func TestVideoURLContainer(t *testing.T) {
 		require.Len(t, r.Media, 1)
 		n := r.Media[0].End - r.Media[0].Start
 		require.Positive(t, n)
-		require.Equal(t, d.svc.tok.Placeholders().Video, r.TokenIDs[r.Media[0].Start])
+		require.Equal(t, d.svc.Tokenizer().Placeholders().Video, r.TokenIDs[r.Media[0].Start])
 	}
 	require.Equal(t, reqs[0].Media[0].End-reqs[0].Media[0].Start, reqs[1].Media[0].End-reqs[1].Media[0].Start,
 		"the same video by file and by data: URL")
@@ -421,9 +422,9 @@ func TestVideoURLContainer(t *testing.T) {
 // Media that cannot be encoded within the item timeout fails its request with a 504 naming
 // the item; every byte is released once the encoder lets go, and the daemon serves on.
 func TestItemTimeout(t *testing.T) {
-	d := startDaemon(t, func(o *ServiceOptions) { o.ItemTimeout = 500 * time.Millisecond }) // long enough to reach the encoder on a loaded machine
+	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.ItemTimeout = 500 * time.Millisecond }) // long enough to reach the encoder on a loaded machine
 	g := newGate(t)
-	d.svc.wrapModel = func(m encoderpool.Model) encoderpool.Model { return gateModel{m, g} }
+	d.wrapEncoders(func(m encoderpool.Model) encoderpool.Model { return gateModel{m, g} })
 	code, out := d.post(t, "/v1/chat/completions", chatBody(1, textPart("describe"), imagePart(randomPNG(t, 2))))
 	require.Equal(t, 504, code, "%v", out)
 	msg, param := apiError(t, out)
@@ -450,9 +451,9 @@ func TestItemTimeout(t *testing.T) {
 // the wait runs out, or 429 and Retry-After when the wait queue is full; an item larger than
 // the whole budget is 413 without Retry-After. Each message says why; every byte comes back.
 func TestFeatureBudgetExhausted(t *testing.T) {
-	small := func(capacity func(img int64) int64, maxWait time.Duration, waiters int) func(*ServiceOptions) {
-		return func(o *ServiceOptions) {
-			img := int64(256 * DefaultModelOptions().DemoHidden * DefaultModelOptions().DType.Size())
+	small := func(capacity func(img int64) int64, maxWait time.Duration, waiters int) func(*dataplane.ServiceOptions) {
+		return func(o *dataplane.ServiceOptions) {
+			img := int64(256 * dataplane.DefaultModelOptions().DemoHidden * dataplane.DefaultModelOptions().DType.Size())
 			o.Features.Host.Capacity = capacity(img)
 			o.Features.Host.BlockBytes = 4096
 			o.Features.MaxWait = maxWait
@@ -487,7 +488,7 @@ func TestFeatureBudgetExhausted(t *testing.T) {
 		require.NoError(t, err)
 		defer conn.Close()
 		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(raw), raw)
-		require.Eventually(t, func() bool { return d.svc.store.Stats().Host.Waiting == 1 }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return d.svc.FeatureStats().Host.Waiting == 1 }, 10*time.Second, 5*time.Millisecond)
 		// ...so the next one is refused at once.
 		code, h, out := d.postResp(t, "/v1/chat/completions", chatBody(1, imagePart(randomPNG(t, 23))))
 		require.Equal(t, 429, code, "%v", out)
@@ -498,7 +499,7 @@ func TestFeatureBudgetExhausted(t *testing.T) {
 		// The waiting client leaves: its wait ends and everything it held is released.
 		conn.Close()
 		d.requireNoFeatureBytes(t)
-		require.Zero(t, d.svc.store.Stats().Host.Waiting)
+		require.Zero(t, d.svc.FeatureStats().Host.Waiting)
 		require.Equal(t, 1.0, d.metric(t, `dataplane_requests_total{endpoint="chat",outcome="rejected"}`))
 	})
 	t.Run("413 when one item can never fit", func(t *testing.T) {
@@ -721,7 +722,7 @@ func TestStreamingWithMedia(t *testing.T) {
 func TestTextOnlyNeverWaitsBehindMedia(t *testing.T) {
 	d := startDaemon(t, nil)
 	g := newGate(t)
-	d.svc.wrapModel = func(m encoderpool.Model) encoderpool.Model { return gateModel{m, g} }
+	d.wrapEncoders(func(m encoderpool.Model) encoderpool.Model { return gateModel{m, g} })
 	type result struct {
 		code int
 		out  map[string]any
@@ -759,7 +760,7 @@ func TestTextOnlyNeverWaitsBehindMedia(t *testing.T) {
 	default:
 	}
 	require.Len(t, d.w.requests(), 6, "only the text requests reached the worker")
-	require.Equal(t, 1, d.svc.store.Stats().Records[features.StateEncoding], "the picture is still encoding")
+	require.Equal(t, 1, d.svc.FeatureStats().Records[features.StateEncoding], "the picture is still encoding")
 
 	g.open()
 	r := <-mediaDone

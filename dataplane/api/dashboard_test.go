@@ -1,4 +1,4 @@
-package dataplane
+package api
 
 import (
 	"os"
@@ -12,7 +12,7 @@ import (
 // Every metric the Grafana dashboard queries is one a running daemon exports (GPU metrics
 // only exist where NVML does).
 func TestDashboardMetricsExist(t *testing.T) {
-	raw, err := os.ReadFile("dashboards/dataplane.json")
+	raw, err := os.ReadFile("../dashboards/dataplane.json")
 	require.NoError(t, err)
 	d := startDaemon(t, nil)
 	code, _ := d.post(t, "/v1/chat/completions", map[string]any{"max_tokens": 1, "messages": []any{map[string]any{"role": "user",

@@ -1,4 +1,4 @@
-package dataplane
+package api
 
 import (
 	"bufio"
@@ -17,13 +17,15 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"github.com/valyala/fasthttp/pprofhandler"
 
+	"dataplane/dataplane"
 	"dataplane/dataplane/openai"
+	"dataplane/dataplane/sequence"
 	"dataplane/dataplane/tokenizer"
 	"dataplane/dataplane/worker"
 )
 
 // Attach puts a service behind the server's OpenAI-compatible API and registers its metrics.
-func (s *Server) Attach(svc *Service) {
+func (s *Server) Attach(svc *dataplane.Service) {
 	s.svc = svc
 	s.registry.MustRegister(svc.Collectors()...)
 }
@@ -65,17 +67,17 @@ var pprofIndex = fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index)
 func (s *Server) post(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx)) {
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set("Allow", "POST")
-		writeAPIError(ctx, &openai.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: "use POST"})
+		writeAPIError(ctx, &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: "use POST"})
 		return
 	}
 	if s.svc == nil {
-		writeAPIError(ctx, &openai.Error{Status: http.StatusServiceUnavailable, Type: "overloaded_error", Message: "no models loaded"})
+		writeAPIError(ctx, &Error{Status: http.StatusServiceUnavailable, Type: "overloaded_error", Message: "no models loaded"})
 		return
 	}
 	h(ctx)
 }
 
-func writeAPIError(ctx *fasthttp.RequestCtx, e *openai.Error) {
+func writeAPIError(ctx *fasthttp.RequestCtx, e *Error) {
 	if e.RetryAfter > 0 {
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
 	}
@@ -84,18 +86,10 @@ func writeAPIError(ctx *fasthttp.RequestCtx, e *openai.Error) {
 	ctx.SetBody(e.Body())
 }
 
-// asAPIError makes any error an API error (500 unless it says otherwise).
-func asAPIError(err error) *openai.Error {
-	if e, ok := err.(*openai.Error); ok {
-		return e
-	}
-	return &openai.Error{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
-}
-
 func writeJSON(ctx *fasthttp.RequestCtx, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		writeAPIError(ctx, asAPIError(err))
+		writeAPIError(ctx, ErrorOf(err))
 		return
 	}
 	ctx.SetContentType("application/json")
@@ -120,68 +114,70 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
 	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
 	if s.svc != nil {
-		list.Data = append(list.Data, openai.Model{ID: s.svc.models.Name, Object: "model", Created: s.started.Unix(), OwnedBy: "dataplane"})
+		list.Data = append(list.Data, openai.Model{ID: s.svc.Models().Name, Object: "model", Created: s.started.Unix(), OwnedBy: "dataplane"})
 	}
 	writeJSON(ctx, list)
 }
 
 func (s *Server) debugRoute(ctx *fasthttp.RequestCtx) {
 	if s.svc == nil {
-		writeAPIError(ctx, &openai.Error{Status: http.StatusNotFound, Type: "not_found_error", Message: "no router"})
+		writeAPIError(ctx, &Error{Status: http.StatusNotFound, Type: "not_found_error", Message: "no router"})
 		return
 	}
 	id := string(ctx.QueryArgs().Peek("request_id"))
-	d, ok := s.svc.routes.Get(id)
+	d, ok := s.svc.Decisions().Get(id)
 	if !ok {
-		writeAPIError(ctx, &openai.Error{Status: http.StatusNotFound, Type: "not_found_error", Param: "request_id",
-			Message: fmt.Sprintf("no routing decision for %q among the last %d", id, s.svc.routes.Len())})
+		writeAPIError(ctx, &Error{Status: http.StatusNotFound, Type: "not_found_error", Param: "request_id",
+			Message: fmt.Sprintf("no routing decision for %q among the last %d", id, s.svc.Decisions().Len())})
 		return
 	}
 	writeJSON(ctx, d)
 }
 
 // checkModel refuses a model this server does not serve ("" is the one it serves).
-func (s *Server) checkModel(model string) *openai.Error {
-	if model == "" || model == s.svc.models.Name {
+func (s *Server) checkModel(model string) *Error {
+	name := s.svc.Models().Name
+	if model == "" || model == name {
 		return nil
 	}
-	return &openai.Error{Status: http.StatusNotFound, Type: "not_found_error", Param: "model",
-		Message: fmt.Sprintf("model %q is not served here (GET /v1/models lists %q)", model, s.svc.models.Name)}
+	return &Error{Status: http.StatusNotFound, Type: "not_found_error", Param: "model",
+		Message: fmt.Sprintf("model %q is not served here (GET /v1/models lists %q)", model, name)}
 }
 
 // checkTokenIDs refuses ids the model's embedding table has no row for (param names the list).
-func (s *Server) checkTokenIDs(ids []int32, param string) *openai.Error {
+func (s *Server) checkTokenIDs(ids []int32, param string) *Error {
+	rows := s.svc.Models().Table.Rows
 	for i, id := range ids {
-		if int(id) >= s.svc.models.Table.Rows {
-			return openai.BadRequest(fmt.Sprintf("%s[%d]", param, i), "token id %d outside the model's %d", id, s.svc.models.Table.Rows)
+		if int(id) >= rows {
+			return BadRequest(fmt.Sprintf("%s[%d]", param, i), "token id %d outside the model's %d", id, rows)
 		}
 	}
 	return nil
 }
 
 func (s *Server) chat(ctx *fasthttp.RequestCtx) {
-	req, err := openai.ParseChat(ctx.PostBody(), s.svc.opts.Limits)
+	req, err := openai.ParseChat(ctx.PostBody(), s.svc.Limits())
 	if err != nil {
-		writeAPIError(ctx, asAPIError(err))
+		writeAPIError(ctx, ErrorOf(err))
 		return
 	}
 	if e := s.checkModel(req.Model); e != nil {
 		writeAPIError(ctx, e)
 		return
 	}
-	ids, err := s.svc.tok.Chat(req.Messages)
+	ids, err := s.svc.Tokenizer().Chat(req.Messages)
 	if err != nil {
-		writeAPIError(ctx, asAPIError(err))
+		writeAPIError(ctx, ErrorOf(err))
 		return
 	}
-	p := &prompt{endpoint: "chat", tokens: ids, style: PlaceholderSingle, media: req.Media, sampling: req.Sampling, ext: req.Ext}
-	s.generate(ctx, p, req.Stream, req.IncludeUsage, chatStream{})
+	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext}
+	s.generate(ctx, "chat", p, req.Stream, req.IncludeUsage, chatStream{})
 }
 
 func (s *Server) completions(ctx *fasthttp.RequestCtx) {
-	req, err := openai.ParseCompletion(ctx.PostBody(), s.svc.opts.Limits)
+	req, err := openai.ParseCompletion(ctx.PostBody(), s.svc.Limits())
 	if err != nil {
-		writeAPIError(ctx, asAPIError(err))
+		writeAPIError(ctx, ErrorOf(err))
 		return
 	}
 	if e := s.checkModel(req.Model); e != nil {
@@ -190,8 +186,8 @@ func (s *Server) completions(ctx *fasthttp.RequestCtx) {
 	}
 	ids := req.PromptIDs
 	if ids == nil {
-		if ids, err = s.svc.tok.AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: true}); err != nil {
-			writeAPIError(ctx, &openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "prompt", Message: err.Error()})
+		if ids, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: true}); err != nil {
+			writeAPIError(ctx, BadRequest("prompt", "%v", err))
 			return
 		}
 	}
@@ -199,14 +195,14 @@ func (s *Server) completions(ctx *fasthttp.RequestCtx) {
 		writeAPIError(ctx, e)
 		return
 	}
-	p := &prompt{endpoint: "completions", tokens: ids, style: PlaceholderSingle, sampling: req.Sampling, ext: req.Ext}
-	s.generate(ctx, p, req.Stream, req.IncludeUsage, completionStream{})
+	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Sampling: req.Sampling, Ext: req.Ext}
+	s.generate(ctx, "completions", p, req.Stream, req.IncludeUsage, completionStream{})
 }
 
 func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
-	req, err := openai.ParsePretokenized(ctx.PostBody(), s.svc.opts.Limits)
+	req, err := openai.ParsePretokenized(ctx.PostBody(), s.svc.Limits())
 	if err != nil {
-		writeAPIError(ctx, asAPIError(err))
+		writeAPIError(ctx, ErrorOf(err))
 		return
 	}
 	if e := s.checkModel(req.Model); e != nil {
@@ -217,23 +213,23 @@ func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
 		writeAPIError(ctx, e)
 		return
 	}
-	style := PlaceholderSingle
+	style := sequence.PlaceholderSingle
 	if req.Style == "expanded" {
-		style = PlaceholderExpanded
+		style = sequence.PlaceholderExpanded
 	}
-	p := &prompt{endpoint: "pretokenized", tokens: req.TokenIDs, style: style, media: req.Media, sampling: req.Sampling, ext: req.Ext}
-	s.generate(ctx, p, req.Stream, req.IncludeUsage, completionStream{})
+	p := &dataplane.Prompt{Tokens: req.TokenIDs, Style: style, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext}
+	s.generate(ctx, "pretokenized", p, req.Stream, req.IncludeUsage, completionStream{})
 }
 
 // streamFormat writes a generation as one endpoint's responses.
 type streamFormat interface {
-	chunk(g *Generation, text string, finish *string, usage *openai.Usage) any
-	whole(g *Generation, text, finish string, usage openai.Usage) any
+	chunk(g *dataplane.Generation, text string, finish *string, usage *openai.Usage) any
+	whole(g *dataplane.Generation, text, finish string, usage openai.Usage) any
 }
 
 type chatStream struct{}
 
-func (chatStream) chunk(g *Generation, text string, finish *string, usage *openai.Usage) any {
+func (chatStream) chunk(g *dataplane.Generation, text string, finish *string, usage *openai.Usage) any {
 	c := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: openai.Now(), Model: g.Model, Usage: usage,
 		Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Content: text}, FinishReason: finish}}}
 	if usage != nil {
@@ -242,14 +238,14 @@ func (chatStream) chunk(g *Generation, text string, finish *string, usage *opena
 	return c
 }
 
-func (chatStream) whole(g *Generation, text, finish string, usage openai.Usage) any {
+func (chatStream) whole(g *dataplane.Generation, text, finish string, usage openai.Usage) any {
 	return openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
 		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, FinishReason: finish}}}
 }
 
 type completionStream struct{}
 
-func (completionStream) chunk(g *Generation, text string, finish *string, usage *openai.Usage) any {
+func (completionStream) chunk(g *dataplane.Generation, text string, finish *string, usage *openai.Usage) any {
 	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: usage,
 		Choices: []openai.CompletionChoice{{Text: text, FinishReason: finish}}}
 	if usage != nil {
@@ -258,23 +254,30 @@ func (completionStream) chunk(g *Generation, text string, finish *string, usage 
 	return c
 }
 
-func (completionStream) whole(g *Generation, text, finish string, usage openai.Usage) any {
+func (completionStream) whole(g *dataplane.Generation, text, finish string, usage openai.Usage) any {
 	f := finish
 	return openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
 		Choices: []openai.CompletionChoice{{Text: text, FinishReason: &f}}}
 }
 
-// generate runs a prompt and answers with the whole completion or a stream of chunks. The
-// request's context ends when the client goes away (watched on the connection) or the answer
-// is written.
-func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUsage bool, f streamFormat) {
+// generate runs a prompt and answers with the whole completion or a stream of chunks, and
+// counts how it ended. The request's context ends when the client goes away (watched on the
+// connection) or the answer is written.
+func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, p *dataplane.Prompt, stream, includeUsage bool, f streamFormat) {
+	start := time.Now()
+	finished := func(outcome string) {
+		s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
+		s.metrics.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+	}
 	reqCtx, cancel := context.WithCancel(context.Background())
 	stopWatch := watchDisconnect(ctx.Conn(), cancel)
-	g, err := s.svc.run(reqCtx, p)
+	g, err := s.svc.Run(reqCtx, p)
 	if err != nil {
 		stopWatch()
 		cancel()
-		writeAPIError(ctx, asAPIError(err))
+		e := ErrorOf(err)
+		finished(outcomeOf(e.Status))
+		writeAPIError(ctx, e)
 		return
 	}
 	if !stream {
@@ -291,9 +294,12 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUs
 			}
 		}
 		if !done.Done || done.Err != nil {
-			writeAPIError(ctx, generationError(reqCtx, done))
+			e := generationError(reqCtx, done)
+			finished(outcomeOf(e.Status))
+			writeAPIError(ctx, e)
 			return
 		}
+		finished("ok")
 		writeJSON(ctx, f.whole(g, text.String(), done.FinishReason, usage(g, done, completion)))
 		return
 	}
@@ -302,7 +308,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUs
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer cancel()
-		sse := openai.NewSSE(w)
+		outcome := "cancelled" // unless the worker's last event says otherwise
+		defer func() { finished(outcome) }()
+		sse := NewSSE(w)
 		if _, ok := f.(chatStream); ok {
 			first := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: openai.Now(), Model: g.Model,
 				Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Role: "assistant"}}}}
@@ -314,9 +322,12 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUs
 		for ev := range g.Events {
 			if ev.Done {
 				if ev.Err != nil {
-					sse.Error(generationError(reqCtx, ev)) //nolint:errcheck
+					e := generationError(reqCtx, ev)
+					outcome = outcomeOf(e.Status)
+					sse.Error(e) //nolint:errcheck
 					return
 				}
+				outcome = "ok"
 				finish := ev.FinishReason
 				if sse.Event(f.chunk(g, "", &finish, nil)) != nil {
 					return
@@ -335,10 +346,11 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, p *prompt, stream, includeUs
 				return // the client left: cancel releases everything
 			}
 		}
+		outcome = outcomeOf(generationError(reqCtx, worker.Event{}).Status) // the events ended without a last one
 	})
 }
 
-func usage(g *Generation, done worker.Event, completion int) openai.Usage {
+func usage(g *dataplane.Generation, done worker.Event, completion int) openai.Usage {
 	u := openai.Usage{PromptTokens: g.PromptTokens, CompletionTokens: completion, TotalTokens: g.PromptTokens + completion}
 	if done.CachedTokens > 0 {
 		u.PromptTokensDetails = &openai.PromptTokensDetails{CachedTokens: done.CachedTokens}
@@ -346,15 +358,15 @@ func usage(g *Generation, done worker.Event, completion int) openai.Usage {
 	return u
 }
 
-func generationError(ctx context.Context, ev worker.Event) *openai.Error {
+func generationError(ctx context.Context, ev worker.Event) *Error {
 	if ctx.Err() != nil {
-		return &openai.Error{Status: 499, Type: "cancelled", Message: "the client went away"}
+		return &Error{Status: statusCancelled, Type: "cancelled", Message: "the client went away"}
 	}
 	msg := "the LLM worker ended without a result"
 	if ev.Err != nil {
 		msg = "the LLM worker failed: " + ev.Err.Error()
 	}
-	return &openai.Error{Status: http.StatusBadGateway, Type: "upstream_error", Message: msg}
+	return &Error{Status: http.StatusBadGateway, Type: "upstream_error", Message: msg}
 }
 
 // watchDisconnect cancels when the client closes its connection while the request is worked

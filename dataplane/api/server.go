@@ -1,4 +1,7 @@
-package dataplane
+// Package api is the daemon's HTTP edge: the fasthttp server, the OpenAI-compatible endpoints,
+// server-sent events, connection tracking for a prompt drain, and the one place where an error
+// of the request path becomes an HTTP status (errors.go). Nothing below it imports fasthttp.
+package api
 
 import (
 	"context"
@@ -17,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"dataplane/dataplane"
 	"dataplane/native"
 )
 
@@ -45,7 +49,8 @@ func DefaultOptions() Options {
 	}
 }
 
-// Server is the daemon's HTTP front: /healthz and /metrics for now.
+// Server is the daemon's HTTP front: /healthz and /metrics, and the API once a service is
+// attached.
 type Server struct {
 	opts     Options
 	log      *slog.Logger
@@ -53,13 +58,15 @@ type Server struct {
 	http     *fasthttp.Server
 	metrics  *httpMetrics
 	promHTTP fasthttp.RequestHandler
-	svc      *Service // the API's request path (Attach); nil: /healthz and /metrics only
+	svc      *dataplane.Service // the API's request path (Attach); nil: /healthz and /metrics only
 	started  time.Time
 }
 
 type httpMetrics struct {
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
+	http     *prometheus.CounterVec   // route, code
+	duration *prometheus.HistogramVec // route
+	requests *prometheus.CounterVec   // endpoint, outcome: generation requests that reached the service
+	latency  *prometheus.HistogramVec // endpoint: their arrival to the last token (or the failure)
 }
 
 // NewServer builds a server; Serve runs it.
@@ -73,12 +80,12 @@ func NewServer(opts Options, log *slog.Logger) *Server {
 		Name: "dataplane_build_info",
 		Help: "Always 1; the labels say which build and native kernels are running.",
 		ConstLabels: prometheus.Labels{
-			"version": Version, "goversion": runtime.Version(), "native_isa": native.BestISA().String(),
+			"version": dataplane.Version, "goversion": runtime.Version(), "native_isa": native.BestISA().String(),
 		},
 	})
 	build.Set(1)
 	m := &httpMetrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		http: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dataplane_http_requests_total",
 			Help: "HTTP requests answered, by route and status code.",
 		}, []string{"route", "code"}),
@@ -87,8 +94,12 @@ func NewServer(opts Options, log *slog.Logger) *Server {
 			Help:    "Time from request read to response written, by route.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
 		}, []string{"route"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dataplane_requests_total",
+			Help: "Requests by endpoint and outcome (ok, bad_request, rejected, cancelled, error)."}, []string{"endpoint", "outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "dataplane_request_duration_seconds",
+			Help: "Arrival to the last token (or the failure).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"endpoint"}),
 	}
-	reg.MustRegister(build, m.requests, m.duration)
+	reg.MustRegister(build, m.http, m.duration, m.requests, m.latency)
 
 	s := &Server{
 		opts:     opts,
@@ -176,7 +187,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(path))
 	}
-	s.metrics.requests.WithLabelValues(route, strconv.Itoa(ctx.Response.StatusCode())).Inc()
+	s.metrics.http.WithLabelValues(route, strconv.Itoa(ctx.Response.StatusCode())).Inc()
 	s.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 }
 
@@ -195,10 +206,11 @@ func (s *Server) handleMalformed(ctx *fasthttp.RequestCtx, err error) {
 	default:
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed HTTP request: "+err.Error())
 	}
-	s.metrics.requests.WithLabelValues("malformed", strconv.Itoa(ctx.Response.StatusCode())).Inc()
+	s.metrics.http.WithLabelValues("malformed", strconv.Itoa(ctx.Response.StatusCode())).Inc()
 }
 
-// writeError sets an OpenAI-style JSON error response.
+// writeError sets the JSON error of a request that reached no endpoint (no param field, unlike
+// an endpoint's *Error).
 func writeError(ctx *fasthttp.RequestCtx, code int, typ, msg string) {
 	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": code}})
 	ctx.SetStatusCode(code)

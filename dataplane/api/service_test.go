@@ -1,4 +1,4 @@
-package dataplane
+package api
 
 import (
 	"bufio"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/dataplane"
 	"dataplane/dataplane/encoder"
 	"dataplane/dataplane/encoderpool"
 	"dataplane/dataplane/worker"
@@ -75,29 +76,42 @@ func (w *echoWorker) requests() []*worker.Request {
 }
 
 type testDaemon struct {
-	svc  *Service
+	svc  *dataplane.Service
 	w    *echoWorker
 	base string
+	wrap atomic.Pointer[func(encoderpool.Model) encoderpool.Model] // see wrapEncoders
 }
 
-func startDaemon(t testing.TB, mutate func(*ServiceOptions)) *testDaemon {
+// wrapEncoders makes every later encode job run on wrap(model): fault injection.
+func (d *testDaemon) wrapEncoders(wrap func(encoderpool.Model) encoderpool.Model) {
+	d.wrap.Store(&wrap)
+}
+
+func startDaemon(t testing.TB, mutate func(*dataplane.ServiceOptions)) *testDaemon {
 	t.Helper()
 	return startDaemonWith(t, mutate, nil)
 }
 
 // startDaemonWith is startDaemon with the HTTP server's options changed too (pprof, limits).
-func startDaemonWith(t testing.TB, mutate func(*ServiceOptions), mutateServer func(*Options)) *testDaemon {
+func startDaemonWith(t testing.TB, mutate func(*dataplane.ServiceOptions), mutateServer func(*Options)) *testDaemon {
 	t.Helper()
-	opts := DefaultServiceOptions()
+	d := &testDaemon{w: &echoWorker{name: "echo-0"}}
+	opts := dataplane.DefaultServiceOptions()
 	opts.Features.Host.Capacity = 64 << 20
 	opts.Log = slog.New(slog.DiscardHandler)
+	opts.WrapEncoder = func(m encoderpool.Model) encoderpool.Model {
+		if wrap := d.wrap.Load(); wrap != nil {
+			return (*wrap)(m)
+		}
+		return m
+	}
 	if mutate != nil {
 		mutate(&opts)
 	}
-	svc, err := NewService(opts)
+	svc, err := dataplane.NewService(opts)
 	require.NoError(t, err)
-	w := &echoWorker{name: "echo-0"}
-	_, err = svc.AddWorker(w)
+	d.svc = svc
+	_, err = svc.AddWorker(d.w)
 	require.NoError(t, err)
 	srvOpts := DefaultOptions()
 	if mutateServer != nil {
@@ -117,7 +131,8 @@ func startDaemonWith(t testing.TB, mutate func(*ServiceOptions), mutateServer fu
 		defer ccancel()
 		require.NoError(t, svc.Close(cctx))
 	})
-	return &testDaemon{svc: svc, w: w, base: "http://" + ln.Addr().String()}
+	d.base = "http://" + ln.Addr().String()
+	return d
 }
 
 func (d *testDaemon) post(t *testing.T, path string, body any) (int, map[string]any) {
@@ -182,7 +197,7 @@ func TestChatWithImageAndAudio(t *testing.T) {
 	require.Equal(t, 1500, r.Media[1].End-r.Media[1].Start, "one 30 s Whisper window")
 	require.Equal(t, float64(len(r.TokenIDs)), usage["prompt_tokens"])
 	require.Equal(t, len(r.TokenIDs), r.Embeds.Rows, "the merged sequence covers the prompt")
-	require.Equal(t, d.svc.models.Hidden, r.Embeds.Cols)
+	require.Equal(t, d.svc.Models().Hidden, r.Embeds.Cols)
 
 	// The same request again: both items come from the reuse cache (the default policy keeps
 	// nothing, so use keep).
@@ -261,7 +276,7 @@ func TestTextOnlyAndStreaming(t *testing.T) {
 
 // Bad requests are 4xx naming the problem; the daemon stays up and holds no feature bytes.
 func TestBadRequests(t *testing.T) {
-	d := startDaemon(t, func(o *ServiceOptions) { o.Limits.MaxMediaItems = 2 })
+	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.Limits.MaxMediaItems = 2 })
 	user := func(parts ...any) map[string]any {
 		return map[string]any{"messages": []any{map[string]any{"role": "user", "content": parts}}}
 	}
@@ -287,7 +302,7 @@ func TestBadRequests(t *testing.T) {
 	f("/v1/chat/completions", user(img("data:,a"), img("data:,b"), img("data:,c")), 400, "messages[0].content[2]", "more than 2 media items")
 	f("/v1/chat/completions", map[string]any{"model": "gpt-9", "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 404, "model", `"gpt-9"`)
 	f("/v1/completions", map[string]any{"prompt": []int{1, 99999999}}, 400, "prompt[1]", "outside")
-	f("/v1/pretokenized", map[string]any{"token_ids": []int{1, int(d.svc.tok.ph.Image), 2}}, 400, "", "placeholder without a media item")
+	f("/v1/pretokenized", map[string]any{"token_ids": []int{1, int(d.svc.Tokenizer().Placeholders().Image), 2}}, 400, "", "placeholder without a media item")
 	f("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "cache_policy": "forever"}, 400, "cache_policy", `"forever"`)
 
 	resp, err := http.Get(d.base + "/v1/chat/completions")
@@ -315,7 +330,7 @@ func TestBadRequests(t *testing.T) {
 // A body over the limit is 413; with http(s) fetching on, a URL to a private or loopback
 // address is refused before any connection is made.
 func TestBadRequestsBodyLimitAndPrivateURL(t *testing.T) {
-	d := startDaemon(t, func(o *ServiceOptions) { o.Fetch.HTTP = true })
+	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.Fetch.HTTP = true })
 	// A raw connection: the server answers once it has read the headers.
 	conn, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))
 	require.NoError(t, err)
@@ -341,13 +356,13 @@ func TestBadRequestsBodyLimitAndPrivateURL(t *testing.T) {
 // A client that leaves while its media waits to be encoded: the request is cancelled and every
 // byte it held is released.
 func TestDisconnectMidEncode(t *testing.T) {
-	d := startDaemon(t, func(o *ServiceOptions) { o.Pool.MaxWait = 2 * time.Second; o.Pool.MaxBatch = 64 })
+	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.Pool.MaxWait = 2 * time.Second; o.Pool.MaxBatch = 64 })
 	raw, _ := json.Marshal(map[string]any{"messages": []any{map[string]any{"role": "user", "content": []any{
 		map[string]any{"type": "image_url", "image_url": map[string]any{"url": dataURL(t, "image/png", "image_200x150.png")}}}}}})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))
 	require.NoError(t, err)
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(raw), raw)
-	require.Eventually(t, func() bool { st := d.svc.store.Stats(); return st.Host.Reserved > 0 }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { st := d.svc.FeatureStats(); return st.Host.Reserved > 0 }, 5*time.Second, 5*time.Millisecond,
 		"the image's features are reserved while it waits for the encoder")
 	conn.Close()
 	d.requireNoFeatureBytes(t) // every byte released after the disconnect
@@ -399,7 +414,7 @@ func TestVideoAsPicturesAndConcurrency(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	require.Eventually(t, func() bool { st := d.svc.store.Stats(); return st.Host.Used+st.Host.Reserved == 0 },
+	require.Eventually(t, func() bool { st := d.svc.FeatureStats(); return st.Host.Used+st.Host.Reserved == 0 },
 		5*time.Second, 10*time.Millisecond, "every byte released")
 	_, metrics := get(t, d.base+"/metrics")
 	require.Contains(t, metrics, `dataplane_requests_total{endpoint="chat",outcome="ok"} 201`)
@@ -422,19 +437,19 @@ func (m oomModel) Run(inputs []encoder.Input, outs []native.Matrix) error {
 
 // A video whose encoding runs out of memory is encoded again with half its frames.
 func TestVideoRetriedSmallerOnNoMemory(t *testing.T) {
-	d := startDaemon(t, func(o *ServiceOptions) { o.Pool.MaxBatch = 64; o.Pool.MaxWait = 20 * time.Millisecond })
+	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.Pool.MaxBatch = 64; o.Pool.MaxWait = 20 * time.Millisecond })
 	calls := &atomic.Int32{}
 	// A batch holds every frame of the video; the item-by-item rerun of a failed batch runs one
 	// frame at a time, so fail those too while the video is at full size (8 frames).
 	var fullSize atomic.Bool
 	fullSize.Store(true)
-	d.svc.wrapModel = func(m encoderpool.Model) encoderpool.Model {
+	d.wrapEncoders(func(m encoderpool.Model) encoderpool.Model {
 		limit := 4
 		if fullSize.Load() {
 			limit = 0
 		}
 		return oomModel{Model: m, maxFrames: limit, calls: calls}
-	}
+	})
 	png := dataURL(t, "image/png", "image_200x150.png")
 	jpg := dataURL(t, "image/jpeg", "image_200x150.jpg")
 	pictures := []string{png, jpg, png, jpg, png, jpg, png, jpg}
@@ -459,7 +474,7 @@ func (failModel) Run([]encoder.Input, []native.Matrix) error { return errors.New
 // opted into text-only: then the item leaves the prompt and the rest goes on.
 func TestEncodeFailureAndTextFallback(t *testing.T) {
 	d := startDaemon(t, nil)
-	d.svc.wrapModel = func(m encoderpool.Model) encoderpool.Model { return failModel{m} }
+	d.wrapEncoders(func(m encoderpool.Model) encoderpool.Model { return failModel{m} })
 	body := map[string]any{"max_tokens": 1, "messages": []any{map[string]any{"role": "user", "content": []any{
 		map[string]any{"type": "text", "text": "describe"},
 		map[string]any{"type": "image_url", "image_url": map[string]any{"url": dataURL(t, "image/png", "image_200x150.png")}}}}}}
@@ -475,8 +490,8 @@ func TestEncodeFailureAndTextFallback(t *testing.T) {
 	r := d.w.requests()[0]
 	require.Empty(t, r.Media, "the image left the prompt")
 	for _, id := range r.TokenIDs {
-		require.NotEqual(t, d.svc.tok.ph.Image, id, "its placeholder too")
+		require.NotEqual(t, d.svc.Tokenizer().Placeholders().Image, id, "its placeholder too")
 	}
-	require.Eventually(t, func() bool { st := d.svc.store.Stats(); return st.Host.Used+st.Host.Reserved == 0 },
+	require.Eventually(t, func() bool { st := d.svc.FeatureStats(); return st.Host.Used+st.Host.Reserved == 0 },
 		5*time.Second, 10*time.Millisecond)
 }

@@ -1,4 +1,4 @@
-package dataplane
+package api
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"dataplane/dataplane"
 	"dataplane/native"
 )
 
@@ -23,7 +24,7 @@ func BenchmarkMultimodalPath(b *testing.B) {
 	vit := native.EncoderConfig{Arch: native.ArchCLIP, Hidden: 384, Intermediate: 1536, Layers: 6, Heads: 6,
 		Act: native.ActQuickGELU, LNEps: 1e-5, ImageSize: 224, PatchSize: 14, Channels: 3}
 	daemon := func(batch int) *testDaemon {
-		return startDaemon(b, func(o *ServiceOptions) {
+		return startDaemon(b, func(o *dataplane.ServiceOptions) {
 			o.Models.DemoVision = &vit
 			o.Models.NoAudio = true
 			o.Models.Threads = 2

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"dataplane/dataplane/encoder"
+	"dataplane/dataplane/sequence"
 	"dataplane/native"
 )
 
@@ -34,7 +35,7 @@ type Model interface {
 // Job is one input to encode into Out.
 type Job struct {
 	Model    Model
-	Modality string // for metrics: image, audio, video
+	Modality sequence.Modality // for metrics
 	Input    encoder.Input
 	Out      native.Matrix // [tokens, width], usually a feature-store view
 	Tokens   int
@@ -97,7 +98,7 @@ func (o *Options) fill() {
 // BatchStats describe one batch a worker ran.
 type BatchStats struct {
 	Worker   int
-	Modality string
+	Modality sequence.Modality
 	Items    int
 	Tokens   int
 	Waited   time.Duration // the oldest item's time in the queue

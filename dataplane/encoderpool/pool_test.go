@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"dataplane/dataplane/encoder"
+	"dataplane/dataplane/sequence"
 	"dataplane/native"
 )
 
@@ -68,7 +69,7 @@ func (m *fakeModel) sizes() []int {
 // job makes a job whose input is the value id and whose result lands in done.
 func job(m Model, id float32, tokens int, pri Priority, done chan<- result) *Job {
 	out := native.Matrix{Data: make([]byte, tokens*4*4), DType: native.F32, Rows: tokens, Cols: 4}
-	return &Job{Model: m, Modality: "image", Input: encoder.Input{Data: []float32{id}}, Out: out, Tokens: tokens,
+	return &Job{Model: m, Modality: sequence.Image, Input: encoder.Input{Data: []float32{id}}, Out: out, Tokens: tokens,
 		Priority: pri, Done: func(err error) { done <- result{id, out, err} }}
 }
 

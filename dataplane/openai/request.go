@@ -1,8 +1,8 @@
 // Package openai is the OpenAI-compatible wire format of the daemon's API: chat and text
 // completion requests (with vLLM's multimodal content parts and per-part uuids), a
-// pre-tokenized request, responses, streamed chunks, and errors. Parsing checks everything a
-// handler relies on and names the offending part (messages[1].content[2].image_url.url) in a
-// 400; it does no I/O.
+// pre-tokenized request, responses and streamed chunks. Parsing checks everything a handler
+// relies on and names the offending part (messages[1].content[2].image_url.url) in a
+// *RequestError; it does no I/O. The HTTP side (statuses, error bodies, SSE) is dataplane/api's.
 package openai
 
 import (
@@ -13,10 +13,11 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
-	"time"
+
+	"dataplane/dataplane/sequence"
 )
 
-// Limits bound what one request may contain; a request beyond them is a 400 naming the limit.
+// Limits bound what one request may contain; a request beyond them is a *RequestError naming the limit.
 type Limits struct {
 	MaxMessages   int // messages in a chat request
 	MaxParts      int // content parts in all messages together
@@ -30,18 +31,9 @@ func DefaultLimits() Limits {
 	return Limits{MaxMessages: 1024, MaxParts: 4096, MaxMediaItems: 64, MaxTokens: 1 << 20, MaxPromptIDs: 1 << 20}
 }
 
-// Modality of a media part.
-type Modality string
-
-const (
-	Image Modality = "image"
-	Audio Modality = "audio"
-	Video Modality = "video"
-)
-
 // Media is one media item of a request, in prompt order.
 type Media struct {
-	Modality Modality
+	Modality sequence.Modality
 	// URL is where the bytes are: a data: URL, file://, http(s)://. Empty when Data is set or
 	// when UUID refers to an item the server already has.
 	URL string
@@ -130,51 +122,23 @@ type PretokenizedRequest struct {
 	Ext          Extensions
 }
 
-// Error is an API error: an HTTP status and the body OpenAI clients parse.
-type Error struct {
-	Status  int
-	Type    string // invalid_request_error, not_found_error, ...
+// RequestError is a request that is not valid: Param names the offending part
+// ("messages[1].content[2].image_url.url"), "" the body as a whole.
+type RequestError struct {
+	Param   string
 	Message string
-	Param   string // the offending field, when there is one
-	// RetryAfter, when set, goes to the Retry-After header (429, 503).
-	RetryAfter time.Duration
 }
 
-func (e *Error) Error() string {
+func (e *RequestError) Error() string {
 	if e.Param != "" {
 		return e.Param + ": " + e.Message
 	}
 	return e.Message
 }
 
-// errorBody is the JSON shape OpenAI clients parse.
-type errorBody struct {
-	Error struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    int     `json:"code"`
-	} `json:"error"`
-}
-
-// Body is the JSON error body.
-func (e *Error) Body() []byte {
-	var b errorBody
-	b.Error.Message, b.Error.Type, b.Error.Param, b.Error.Code = e.Error(), e.Type, nilIfEmpty(e.Param), e.Status
-	out, _ := json.Marshal(b)
-	return out
-}
-
-func nilIfEmpty(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-// BadRequest is a 400 about param.
-func BadRequest(param, format string, args ...any) *Error {
-	return &Error{Status: 400, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
+// Invalid is a *RequestError about param.
+func Invalid(param, format string, args ...any) *RequestError {
+	return &RequestError{Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
 // ---- chat ----
@@ -205,7 +169,7 @@ type rawCommon struct {
 func (c *rawCommon) check(maxTokens *int, lim Limits) (includeUsage bool, s Sampling, e Extensions, err error) {
 	if c.StreamOptions != nil {
 		if !c.Stream {
-			return false, s, e, BadRequest("stream_options", "stream_options is only allowed with stream: true")
+			return false, s, e, Invalid("stream_options", "stream_options is only allowed with stream: true")
 		}
 		includeUsage = c.StreamOptions.IncludeUsage
 	}
@@ -265,39 +229,39 @@ func ParseChat(body []byte, lim Limits) (*ChatRequest, error) {
 		return nil, err
 	}
 	if len(raw.Messages) == 0 {
-		return nil, BadRequest("messages", "at least one message is required")
+		return nil, Invalid("messages", "at least one message is required")
 	}
 	if len(raw.Messages) > lim.MaxMessages {
-		return nil, BadRequest("messages", "%d messages, at most %d", len(raw.Messages), lim.MaxMessages)
+		return nil, Invalid("messages", "%d messages, at most %d", len(raw.Messages), lim.MaxMessages)
 	}
 	parts := 0
 	for i, rm := range raw.Messages {
 		path := fmt.Sprintf("messages[%d]", i)
 		if !roles[rm.Role] {
-			return nil, BadRequest(path+".role", "role %q (want system, developer, user, assistant or tool)", rm.Role)
+			return nil, Invalid(path+".role", "role %q (want system, developer, user, assistant or tool)", rm.Role)
 		}
 		m := Message{Role: rm.Role}
 		content := bytes.TrimSpace(rm.Content)
 		switch {
 		case len(content) == 0 || string(content) == "null":
 			if rm.Role != "assistant" {
-				return nil, BadRequest(path+".content", "content is required")
+				return nil, Invalid(path+".content", "content is required")
 			}
 		case content[0] == '"':
 			var s string
 			if err := json.Unmarshal(content, &s); err != nil {
-				return nil, BadRequest(path+".content", "bad string: %v", err)
+				return nil, Invalid(path+".content", "bad string: %v", err)
 			}
 			m.Parts = []Part{{IsText: true, Text: s}}
 			parts++
 		case content[0] == '[':
 			var rps []rawPart
 			if err := json.Unmarshal(content, &rps); err != nil {
-				return nil, BadRequest(path+".content", "want a string or an array of content parts: %v", jsonMessage(err))
+				return nil, Invalid(path+".content", "want a string or an array of content parts: %v", jsonMessage(err))
 			}
 			for j, rp := range rps {
 				if parts++; parts > lim.MaxParts {
-					return nil, BadRequest("messages", "more than %d content parts", lim.MaxParts)
+					return nil, Invalid("messages", "more than %d content parts", lim.MaxParts)
 				}
 				p, err := part(rp, fmt.Sprintf("%s.content[%d]", path, j))
 				if err != nil {
@@ -305,17 +269,17 @@ func ParseChat(body []byte, lim Limits) (*ChatRequest, error) {
 				}
 				if p.Media != nil {
 					if rm.Role != "user" {
-						return nil, BadRequest(p.Media.Path, "%s parts are only allowed in user messages", p.Media.Modality)
+						return nil, Invalid(p.Media.Path, "%s parts are only allowed in user messages", p.Media.Modality)
 					}
 					if len(req.Media) == lim.MaxMediaItems {
-						return nil, BadRequest(p.Media.Path, "more than %d media items in one request", lim.MaxMediaItems)
+						return nil, Invalid(p.Media.Path, "more than %d media items in one request", lim.MaxMediaItems)
 					}
 					req.Media = append(req.Media, p.Media)
 				}
 				m.Parts = append(m.Parts, p)
 			}
 		default:
-			return nil, BadRequest(path+".content", "want a string or an array of content parts")
+			return nil, Invalid(path+".content", "want a string or an array of content parts")
 		}
 		req.Messages = append(req.Messages, m)
 	}
@@ -324,58 +288,58 @@ func ParseChat(body []byte, lim Limits) (*ChatRequest, error) {
 
 // part checks one content part.
 func part(rp rawPart, path string) (Part, error) {
-	media := func(m Modality, ref *rawURL, field string) (Part, error) {
+	media := func(m sequence.Modality, ref *rawURL, field string) (Part, error) {
 		url := ""
 		if ref != nil {
 			url = strings.TrimSpace(ref.URL)
 		}
 		if url == "" && rp.UUID == "" {
-			return Part{}, BadRequest(path+"."+field+".url", "a %s part needs %s.url (or a uuid the server has seen)", m, field)
+			return Part{}, Invalid(path+"."+field+".url", "a %s part needs %s.url (or a uuid the server has seen)", m, field)
 		}
 		return Part{Media: &Media{Modality: m, URL: url, UUID: rp.UUID, Path: path}}, nil
 	}
 	switch rp.Type {
 	case "text", "input_text":
 		if rp.Text == nil {
-			return Part{}, BadRequest(path+".text", "a text part needs text")
+			return Part{}, Invalid(path+".text", "a text part needs text")
 		}
 		return Part{IsText: true, Text: *rp.Text}, nil
 	case "image_url", "input_image":
-		return media(Image, rp.ImageURL, "image_url")
+		return media(sequence.Image, rp.ImageURL, "image_url")
 	case "video_url":
-		return media(Video, rp.VideoURL, "video_url")
+		return media(sequence.Video, rp.VideoURL, "video_url")
 	case "video": // frames as pictures
 		if len(rp.Video) == 0 || len(rp.Video) > maxVideoPictures {
-			return Part{}, BadRequest(path+".video", "a video part needs a list of 1..%d picture URLs", maxVideoPictures)
+			return Part{}, Invalid(path+".video", "a video part needs a list of 1..%d picture URLs", maxVideoPictures)
 		}
 		for i, f := range rp.Video {
 			if strings.TrimSpace(f) == "" {
-				return Part{}, BadRequest(fmt.Sprintf("%s.video[%d]", path, i), "empty picture URL")
+				return Part{}, Invalid(fmt.Sprintf("%s.video[%d]", path, i), "empty picture URL")
 			}
 		}
-		return Part{Media: &Media{Modality: Video, Frames: rp.Video, UUID: rp.UUID, Path: path}}, nil
+		return Part{Media: &Media{Modality: sequence.Video, Frames: rp.Video, UUID: rp.UUID, Path: path}}, nil
 	case "audio_url":
-		return media(Audio, rp.AudioURL, "audio_url")
+		return media(sequence.Audio, rp.AudioURL, "audio_url")
 	case "input_audio":
 		if rp.InputAudio == nil || rp.InputAudio.Data == "" {
 			if rp.UUID != "" {
-				return Part{Media: &Media{Modality: Audio, UUID: rp.UUID, Path: path}}, nil
+				return Part{Media: &Media{Modality: sequence.Audio, UUID: rp.UUID, Path: path}}, nil
 			}
-			return Part{}, BadRequest(path+".input_audio.data", "an input_audio part needs base64 data")
+			return Part{}, Invalid(path+".input_audio.data", "an input_audio part needs base64 data")
 		}
 		data, err := decodeBase64(rp.InputAudio.Data)
 		if err != nil {
-			return Part{}, BadRequest(path+".input_audio.data", "bad base64: %v", err)
+			return Part{}, Invalid(path+".input_audio.data", "bad base64: %v", err)
 		}
 		format := strings.ToLower(rp.InputAudio.Format)
 		if format == "" {
-			return Part{}, BadRequest(path+".input_audio.format", "an input_audio part needs a format (wav, mp3, flac, ...)")
+			return Part{}, Invalid(path+".input_audio.format", "an input_audio part needs a format (wav, mp3, flac, ...)")
 		}
-		return Part{Media: &Media{Modality: Audio, Data: data, Format: format, UUID: rp.UUID, Path: path}}, nil
+		return Part{Media: &Media{Modality: sequence.Audio, Data: data, Format: format, UUID: rp.UUID, Path: path}}, nil
 	case "":
-		return Part{}, BadRequest(path+".type", "a content part needs a type")
+		return Part{}, Invalid(path+".type", "a content part needs a type")
 	}
-	return Part{}, BadRequest(path+".type", "unsupported content part type %q (want text, image_url, input_audio, audio_url, video_url or video)", rp.Type)
+	return Part{}, Invalid(path+".type", "unsupported content part type %q (want text, image_url, input_audio, audio_url, video_url or video)", rp.Type)
 }
 
 // ---- completions ----
@@ -412,21 +376,21 @@ func ParseCompletion(body []byte, lim Limits) (*CompletionRequest, error) {
 	}
 	switch {
 	case len(p) == 0 || string(p) == "null":
-		return nil, BadRequest("prompt", "prompt is required")
+		return nil, Invalid("prompt", "prompt is required")
 	case p[0] == '"':
 		if err := json.Unmarshal(p, &req.Prompt); err != nil {
-			return nil, BadRequest("prompt", "bad string: %v", err)
+			return nil, Invalid("prompt", "bad string: %v", err)
 		}
 	case p[0] == '[':
 		var ids []int64
 		if err := json.Unmarshal(p, &ids); err != nil {
-			return nil, BadRequest("prompt", "want a string, a list of token ids, or a list of one of either (batches are not supported): %v", jsonMessage(err))
+			return nil, Invalid("prompt", "want a string, a list of token ids, or a list of one of either (batches are not supported): %v", jsonMessage(err))
 		}
 		if req.PromptIDs, err = tokenIDs(ids, "prompt", lim); err != nil {
 			return nil, err
 		}
 	default:
-		return nil, BadRequest("prompt", "want a string or a list of token ids")
+		return nil, Invalid("prompt", "want a string or a list of token ids")
 	}
 	return req, nil
 }
@@ -462,35 +426,34 @@ func ParsePretokenized(body []byte, lim Limits) (*PretokenizedRequest, error) {
 		req.Style = "single"
 	case "single", "expanded":
 	default:
-		return nil, BadRequest("placeholder_style", "%q (want single or expanded)", req.Style)
+		return nil, Invalid("placeholder_style", "%q (want single or expanded)", req.Style)
 	}
 	if len(raw.TokenIDs) == 0 {
-		return nil, BadRequest("token_ids", "token_ids is required")
+		return nil, Invalid("token_ids", "token_ids is required")
 	}
 	if req.TokenIDs, err = tokenIDs(raw.TokenIDs, "token_ids", lim); err != nil {
 		return nil, err
 	}
 	if len(raw.Media) > lim.MaxMediaItems {
-		return nil, BadRequest("media", "%d media items, at most %d", len(raw.Media), lim.MaxMediaItems)
+		return nil, Invalid("media", "%d media items, at most %d", len(raw.Media), lim.MaxMediaItems)
 	}
 	for i, rm := range raw.Media {
 		path := fmt.Sprintf("media[%d]", i)
-		m := &Media{Modality: Modality(rm.Modality), URL: strings.TrimSpace(rm.URL), UUID: rm.UUID, Format: strings.ToLower(rm.Format), Path: path}
-		switch m.Modality {
-		case Image, Audio, Video:
-		default:
-			return nil, BadRequest(path+".modality", "modality %q (want image, audio or video)", rm.Modality)
+		mod, err := sequence.ParseModality(rm.Modality)
+		if err != nil {
+			return nil, Invalid(path+".modality", "modality %q (want image, audio or video)", rm.Modality)
 		}
+		m := &Media{Modality: mod, URL: strings.TrimSpace(rm.URL), UUID: rm.UUID, Format: strings.ToLower(rm.Format), Path: path}
 		if rm.Data != "" {
 			if m.URL != "" {
-				return nil, BadRequest(path, "give url or data, not both")
+				return nil, Invalid(path, "give url or data, not both")
 			}
 			if m.Data, err = decodeBase64(rm.Data); err != nil {
-				return nil, BadRequest(path+".data", "bad base64: %v", err)
+				return nil, Invalid(path+".data", "bad base64: %v", err)
 			}
 		}
 		if m.URL == "" && m.Data == nil && m.UUID == "" {
-			return nil, BadRequest(path, "a media item needs url, data or a uuid the server has seen")
+			return nil, Invalid(path, "a media item needs url, data or a uuid the server has seen")
 		}
 		req.Media = append(req.Media, m)
 	}
@@ -499,23 +462,23 @@ func ParsePretokenized(body []byte, lim Limits) (*PretokenizedRequest, error) {
 
 // ---- shared pieces ----
 
-// decode unmarshals a JSON object body, turning syntax and type errors into 400s that say where.
+// decode unmarshals a JSON object body, turning syntax and type errors into *RequestErrors that say where.
 func decode(body []byte, v any) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
-		return BadRequest("", "empty request body: want a JSON object")
+		return Invalid("", "empty request body: want a JSON object")
 	}
 	if trimmed[0] != '{' {
-		return BadRequest("", "request body is not a JSON object")
+		return Invalid("", "request body is not a JSON object")
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && typeErr.Field != "" {
 			// encoding/json names a field of an embedded struct with the struct's type first.
 			field := strings.TrimPrefix(typeErr.Field, "rawCommon.")
-			return BadRequest(field, "want %s, got %s", jsonKind(typeErr.Type), typeErr.Value)
+			return Invalid(field, "want %s, got %s", jsonKind(typeErr.Type), typeErr.Value)
 		}
-		return BadRequest("", "malformed JSON: %v", jsonMessage(err))
+		return Invalid("", "malformed JSON: %v", jsonMessage(err))
 	}
 	return nil
 }
@@ -554,18 +517,18 @@ func sampling(maxTokens *int, temp, topP *float64, n *int, seed *int64, stop jso
 	s := Sampling{Temperature: temp, TopP: topP, Seed: seed}
 	if maxTokens != nil {
 		if *maxTokens < 1 || *maxTokens > lim.MaxTokens {
-			return s, BadRequest("max_tokens", "%d (want 1..%d)", *maxTokens, lim.MaxTokens)
+			return s, Invalid("max_tokens", "%d (want 1..%d)", *maxTokens, lim.MaxTokens)
 		}
 		s.MaxTokens = *maxTokens
 	}
 	if temp != nil && (*temp < 0 || *temp > 2 || *temp != *temp) {
-		return s, BadRequest("temperature", "%v (want 0..2)", *temp)
+		return s, Invalid("temperature", "%v (want 0..2)", *temp)
 	}
 	if topP != nil && (*topP <= 0 || *topP > 1) {
-		return s, BadRequest("top_p", "%v (want 0 < top_p <= 1)", *topP)
+		return s, Invalid("top_p", "%v (want 0 < top_p <= 1)", *topP)
 	}
 	if n != nil && *n != 1 {
-		return s, BadRequest("n", "%d: only n = 1 is supported", *n)
+		return s, Invalid("n", "%d: only n = 1 is supported", *n)
 	}
 	stop = bytes.TrimSpace(stop)
 	switch {
@@ -573,15 +536,15 @@ func sampling(maxTokens *int, temp, topP *float64, n *int, seed *int64, stop jso
 	case stop[0] == '"':
 		var one string
 		if err := json.Unmarshal(stop, &one); err != nil {
-			return s, BadRequest("stop", "bad string: %v", err)
+			return s, Invalid("stop", "bad string: %v", err)
 		}
 		s.Stop = []string{one}
 	default:
 		if err := json.Unmarshal(stop, &s.Stop); err != nil {
-			return s, BadRequest("stop", "want a string or a list of up to 4 strings")
+			return s, Invalid("stop", "want a string or a list of up to 4 strings")
 		}
 		if len(s.Stop) > 4 {
-			return s, BadRequest("stop", "%d stop sequences, at most 4", len(s.Stop))
+			return s, Invalid("stop", "%d stop sequences, at most 4", len(s.Stop))
 		}
 	}
 	return s, nil
@@ -593,22 +556,22 @@ func extensions(policy string, fallback bool, salt, priority string) (Extensions
 		priority = "interactive"
 	case "interactive", "batch":
 	default:
-		return Extensions{}, BadRequest("priority", "%q (want interactive or batch)", priority)
+		return Extensions{}, Invalid("priority", "%q (want interactive or batch)", priority)
 	}
 	if len(salt) > 256 {
-		return Extensions{}, BadRequest("cache_salt", "%d bytes, at most 256", len(salt))
+		return Extensions{}, Invalid("cache_salt", "%d bytes, at most 256", len(salt))
 	}
 	return Extensions{CachePolicy: policy, TextFallback: fallback, CacheSalt: salt, Priority: priority}, nil
 }
 
 func tokenIDs(ids []int64, param string, lim Limits) ([]int32, error) {
 	if len(ids) > lim.MaxPromptIDs {
-		return nil, BadRequest(param, "%d token ids, at most %d", len(ids), lim.MaxPromptIDs)
+		return nil, Invalid(param, "%d token ids, at most %d", len(ids), lim.MaxPromptIDs)
 	}
 	out := make([]int32, len(ids))
 	for i, id := range ids {
 		if id < 0 || id > 1<<31-1 {
-			return nil, BadRequest(fmt.Sprintf("%s[%d]", param, i), "token id %d out of range", id)
+			return nil, Invalid(fmt.Sprintf("%s[%d]", param, i), "token id %d out of range", id)
 		}
 		out[i] = int32(id)
 	}

@@ -1,15 +1,13 @@
 package openai
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/dataplane/sequence"
 )
 
 func TestParseChatMultimodal(t *testing.T) {
@@ -42,28 +40,27 @@ func TestParseChatMultimodal(t *testing.T) {
 	require.Equal(t, Extensions{CachePolicy: "keep:10m", TextFallback: true, CacheSalt: "tenant-a", Priority: "batch"}, req.Ext)
 	require.Len(t, req.Messages, 3)
 	require.Len(t, req.Media, 4)
-	require.Equal(t, Media{Modality: Image, URL: "data:image/png;base64,AAAA", UUID: "img-1", Path: "messages[1].content[1]"}, *req.Media[0])
-	require.Equal(t, Media{Modality: Image, UUID: "img-2", Path: "messages[1].content[2]"}, *req.Media[1])
+	require.Equal(t, Media{Modality: sequence.Image, URL: "data:image/png;base64,AAAA", UUID: "img-1", Path: "messages[1].content[1]"}, *req.Media[0])
+	require.Equal(t, Media{Modality: sequence.Image, UUID: "img-2", Path: "messages[1].content[2]"}, *req.Media[1])
 	require.Equal(t, []byte("RIFF....WAVE"), req.Media[2].Data)
 	require.Equal(t, "wav", req.Media[2].Format)
-	require.Equal(t, Video, req.Media[3].Modality)
+	require.Equal(t, sequence.Video, req.Media[3].Modality)
 	require.Same(t, req.Media[0], req.Messages[1].Parts[1].Media, "messages and the media list share items")
 	require.True(t, req.Messages[1].Parts[0].IsText)
 	require.Empty(t, req.Messages[2].Parts)
 }
 
-// Each bad request is a 400 whose param names the offending part.
+// Each bad request is a *RequestError whose param names the offending part.
 func TestParseChatErrors(t *testing.T) {
 	lim := DefaultLimits()
 	lim.MaxMediaItems = 2
 	f := func(body, param, msg string) {
 		t.Helper()
 		_, err := ParseChat([]byte(body), lim)
-		var apiErr *Error
-		require.True(t, errors.As(err, &apiErr), "%v", err)
-		require.Equal(t, 400, apiErr.Status)
-		require.Equal(t, param, apiErr.Param, "%v", err)
-		require.Contains(t, apiErr.Message, msg)
+		var re *RequestError
+		require.True(t, errors.As(err, &re), "%v", err)
+		require.Equal(t, param, re.Param, "%v", err)
+		require.Contains(t, re.Message, msg)
 	}
 	user := func(parts string) string { return `{"messages":[{"role":"user","content":[` + parts + `]}]}` }
 	f(``, "", "empty request body")
@@ -144,27 +141,7 @@ func TestParsePretokenized(t *testing.T) {
 	}
 }
 
-func TestErrorBody(t *testing.T) {
-	var got map[string]map[string]any
-	require.NoError(t, json.Unmarshal(BadRequest("messages[0].role", "bad role").Body(), &got))
-	require.Equal(t, map[string]any{"message": "messages[0].role: bad role", "type": "invalid_request_error",
-		"param": "messages[0].role", "code": float64(400)}, got["error"])
-	require.NoError(t, json.Unmarshal((&Error{Status: 503, Type: "server_error", Message: "busy"}).Body(), &got))
-	require.Nil(t, got["error"]["param"])
-}
-
-func TestSSE(t *testing.T) {
-	var buf bytes.Buffer
-	s := NewSSE(bufio.NewWriter(&buf))
-	require.NoError(t, s.Event(ChatChunk{ID: "c1", Object: "chat.completion.chunk", Choices: []ChatChunkChoice{{Delta: ChatDelta{Content: "hi"}}}}))
-	require.NoError(t, s.Done())
-	lines := strings.Split(buf.String(), "\n\n")
-	require.Len(t, lines, 3)
-	require.True(t, strings.HasPrefix(lines[0], `data: {"id":"c1","object":"chat.completion.chunk"`))
-	require.Equal(t, "data: [DONE]", lines[1])
-}
-
-// Any body: a request or a 400 *Error, never a panic.
+// Any body: a request or a *RequestError, never a panic.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}},{"type":"text","text":"x"}]}]}`))
 	f.Add([]byte(`{"prompt":[[1,2]],"stop":["a"]}`))
@@ -174,9 +151,9 @@ func FuzzParse(f *testing.F) {
 			if err == nil {
 				return
 			}
-			var apiErr *Error
-			if !errors.As(err, &apiErr) || apiErr.Status != 400 {
-				t.Fatalf("error %v is not a 400 *Error", err)
+			var re *RequestError
+			if !errors.As(err, &re) {
+				t.Fatalf("error %v is not a *RequestError", err)
 			}
 		}
 		_, err := ParseChat(body, DefaultLimits())

@@ -1,4 +1,4 @@
-package dataplane
+package sequence
 
 import (
 	"errors"
@@ -10,11 +10,11 @@ import (
 // ErrFeatureRows: a media item's features do not have the rows its placeholder expects.
 var ErrFeatureRows = errors.New("media features do not match the position map")
 
-// MergeSequence writes the merged [pm.Len, d] sequence into dst: text rows gathered from
+// Merge writes the merged [pm.Len, d] sequence into dst: text rows gathered from
 // table ([vocab, d]), and the rows of features[i] for media item i at its span. dst may be any
 // memory the caller owns (a feature-store view); dtypes may differ and are converted to dst's.
 // threads <= 0 uses native.DefaultThreads().
-func MergeSequence(dst native.Matrix, pm *PositionMap, table native.Matrix, features []native.Matrix, threads int) error {
+func Merge(dst native.Matrix, pm *PositionMap, table native.Matrix, features []native.Matrix, threads int) error {
 	if dst.Rows != pm.Len {
 		return fmt.Errorf("%w: destination has %d rows, the merged sequence %d", ErrFeatureRows, dst.Rows, pm.Len)
 	}

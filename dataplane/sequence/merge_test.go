@@ -1,4 +1,4 @@
-package dataplane
+package sequence
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ func TestMergeSequenceEndToEnd(t *testing.T) {
 		want := []byte{}
 		next := 0
 		for _, tok := range c.single {
-			if c.ph.modalityOf(tok) != 0 {
+			if c.ph.ModalityOf(tok) != 0 {
 				want = append(want, features[next].Data...)
 				next++
 			} else {
@@ -50,7 +50,7 @@ func TestMergeSequenceEndToEnd(t *testing.T) {
 			pm, err := BuildPositionMap(c.tokens(style), c.ph, style, c.items)
 			require.NoError(t, err)
 			dst := native.Matrix{Data: bytes.Repeat([]byte{0xa5}, pm.Len*row), DType: dt, Rows: pm.Len, Cols: d}
-			require.NoError(t, MergeSequence(dst, pm, table, features, 0))
+			require.NoError(t, Merge(dst, pm, table, features, 0))
 			require.Equal(t, want, dst.Data, "case %d, %v, d=%d %v", i, style, d, dt)
 		}
 	}
@@ -59,14 +59,14 @@ func TestMergeSequenceEndToEnd(t *testing.T) {
 func TestMergeSequenceErrors(t *testing.T) {
 	r := newRand(t)
 	ph := Placeholders{Image: 9, Video: NoPlaceholder, Audio: 8}
-	items := []MediaItem{{ID: "cat.png", Modality: ModalityImage, Tokens: 3}, {ID: "hi.wav", Modality: ModalityAudio, Tokens: 2}}
+	items := []MediaItem{{ID: "cat.png", Modality: Image, Tokens: 3}, {ID: "hi.wav", Modality: Audio, Tokens: 2}}
 	pm, err := BuildPositionMap([]int32{1, 9, 2, 8}, ph, PlaceholderSingle, items)
 	require.NoError(t, err)
 	table := randomMatrix(r, 5, 4, native.F16)
 	dst := randomMatrix(r, pm.Len, 4, native.F16)
 	f := func(dst native.Matrix, features []native.Matrix, want string) {
 		t.Helper()
-		err := MergeSequence(dst, pm, table, features, 1)
+		err := Merge(dst, pm, table, features, 1)
 		require.ErrorIs(t, err, ErrFeatureRows)
 		require.EqualError(t, err, want)
 	}
@@ -75,8 +75,8 @@ func TestMergeSequenceErrors(t *testing.T) {
 	f(dst, []native.Matrix{good[0], randomMatrix(r, 3, 4, native.F16)},
 		`media features do not match the position map: media item 1 (audio "hi.wav") has 3 feature rows, its placeholder 2`)
 	f(randomMatrix(r, 6, 4, native.F16), good, "media features do not match the position map: destination has 6 rows, the merged sequence 7")
-	err = MergeSequence(dst, pm, table, []native.Matrix{good[0], randomMatrix(r, 2, 5, native.F16)}, 1)
+	err = Merge(dst, pm, table, []native.Matrix{good[0], randomMatrix(r, 2, 5, native.F16)}, 1)
 	require.ErrorIs(t, err, native.ErrInvalid)
 	require.ErrorContains(t, err, "span 1: 5 columns, the sequence has 4")
-	require.NoError(t, MergeSequence(dst, pm, table, good, 1))
+	require.NoError(t, Merge(dst, pm, table, good, 1))
 }

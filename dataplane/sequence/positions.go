@@ -1,4 +1,8 @@
-package dataplane
+// Package sequence is the layout of a merged sequence: the one Modality type, the model's
+// placeholder tokens, the position map that says where each row of the merged sequence comes
+// from (a text token's embedding or a media item's feature row), and Merge, which writes the
+// sequence with the native kernel.
+package sequence
 
 import (
 	"errors"
@@ -9,18 +13,18 @@ import (
 type Modality uint8
 
 const (
-	ModalityImage Modality = iota + 1
-	ModalityVideo
-	ModalityAudio
+	Image Modality = iota + 1
+	Video
+	Audio
 )
 
 func (m Modality) String() string {
 	switch m {
-	case ModalityImage:
+	case Image:
 		return "image"
-	case ModalityVideo:
+	case Video:
 		return "video"
-	case ModalityAudio:
+	case Audio:
 		return "audio"
 	}
 	return fmt.Sprintf("modality(%d)", uint8(m))
@@ -28,12 +32,28 @@ func (m Modality) String() string {
 
 // ParseModality reads the names String writes.
 func ParseModality(s string) (Modality, error) {
-	for _, m := range []Modality{ModalityImage, ModalityVideo, ModalityAudio} {
+	for _, m := range []Modality{Image, Video, Audio} {
 		if s == m.String() {
 			return m, nil
 		}
 	}
 	return 0, fmt.Errorf("unknown modality %q (want image, video or audio)", s)
+}
+
+// MarshalText and UnmarshalText write and read the names, for JSON files (traces).
+func (m Modality) MarshalText() ([]byte, error) {
+	if _, err := ParseModality(m.String()); err != nil {
+		return nil, err
+	}
+	return []byte(m.String()), nil
+}
+
+func (m *Modality) UnmarshalText(b []byte) error {
+	v, err := ParseModality(string(b))
+	if err == nil {
+		*m = v
+	}
+	return err
 }
 
 // NoPlaceholder marks a modality the model has no placeholder token for.
@@ -44,36 +64,36 @@ type Placeholders struct {
 	Image, Video, Audio int32
 }
 
-// id is the placeholder token of m, or NoPlaceholder.
-func (p Placeholders) id(m Modality) int32 {
+// ID is the placeholder token of m, or NoPlaceholder.
+func (p Placeholders) ID(m Modality) int32 {
 	switch m {
-	case ModalityImage:
+	case Image:
 		return p.Image
-	case ModalityVideo:
+	case Video:
 		return p.Video
-	case ModalityAudio:
+	case Audio:
 		return p.Audio
 	}
 	return NoPlaceholder
 }
 
-// modalityOf is the modality whose placeholder tok is, or 0 for a text token.
-func (p Placeholders) modalityOf(tok int32) Modality {
+// ModalityOf is the modality whose placeholder tok is, or 0 for a text token.
+func (p Placeholders) ModalityOf(tok int32) Modality {
 	switch {
 	case tok == NoPlaceholder:
 		return 0
 	case tok == p.Image:
-		return ModalityImage
+		return Image
 	case tok == p.Video:
-		return ModalityVideo
+		return Video
 	case tok == p.Audio:
-		return ModalityAudio
+		return Audio
 	}
 	return 0
 }
 
-// validate rejects placeholder sets that would make a token ambiguous.
-func (p Placeholders) validate() error {
+// Validate rejects placeholder sets that would make a token ambiguous.
+func (p Placeholders) Validate() error {
 	ids := []int32{p.Image, p.Video, p.Audio}
 	for i, a := range ids {
 		if a < NoPlaceholder {
@@ -180,12 +200,12 @@ func (e *PositionError) Error() string {
 // placeholder (of any modality) belongs to the k-th item, which must have its modality. It
 // returns the map or the first mismatch as a *PositionError naming the position and item.
 func BuildPositionMap(tokens []int32, ph Placeholders, style PlaceholderStyle, items []MediaItem) (*PositionMap, error) {
-	if err := ph.validate(); err != nil {
+	if err := ph.Validate(); err != nil {
 		return nil, err
 	}
 	merged := len(tokens)
 	for i, it := range items {
-		if ph.id(it.Modality) == NoPlaceholder {
+		if ph.ID(it.Modality) == NoPlaceholder {
 			return nil, &PositionError{Kind: ErrUnknownModality, Pos: -1, Item: i,
 				Detail: fmt.Sprintf("%v has no placeholder token", it.Modality)}
 		}
@@ -201,7 +221,7 @@ func BuildPositionMap(tokens []int32, ph Placeholders, style PlaceholderStyle, i
 	pm := &PositionMap{Len: merged, Spans: make([]MediaSpan, 0, len(items)), TextIDs: make([]int32, 0, merged)}
 	row := 0
 	for pos := 0; pos < len(tokens); {
-		m := ph.modalityOf(tokens[pos])
+		m := ph.ModalityOf(tokens[pos])
 		if m == 0 {
 			pm.TextIDs = append(pm.TextIDs, tokens[pos])
 			pos++

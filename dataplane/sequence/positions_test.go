@@ -1,4 +1,4 @@
-package dataplane
+package sequence
 
 import (
 	"errors"
@@ -34,15 +34,15 @@ func genPrompt(r *rand.Rand) *promptCase {
 	// A random subset of modalities has placeholder tokens, with random distinct ids.
 	ids := r.Perm(10)
 	var mods []Modality
-	for i, m := range []Modality{ModalityImage, ModalityVideo, ModalityAudio} {
+	for i, m := range []Modality{Image, Video, Audio} {
 		if r.IntN(4) > 0 {
 			id := int32(textVocab + ids[i])
 			switch m {
-			case ModalityImage:
+			case Image:
 				c.ph.Image = id
-			case ModalityVideo:
+			case Video:
 				c.ph.Video = id
-			case ModalityAudio:
+			case Audio:
 				c.ph.Audio = id
 			}
 			mods = append(mods, m)
@@ -66,9 +66,9 @@ func genPrompt(r *rand.Rand) *promptCase {
 			c.want.Spans = append(c.want.Spans, MediaSpan{Item: k, MediaID: it.ID, Modality: m, Pos: len(c.single),
 				Start: c.want.Len, End: c.want.Len + it.Tokens})
 			c.posExp = append(c.posExp, len(c.expanded))
-			c.single = append(c.single, c.ph.id(m))
+			c.single = append(c.single, c.ph.ID(m))
 			for range it.Tokens {
-				c.expanded = append(c.expanded, c.ph.id(m))
+				c.expanded = append(c.expanded, c.ph.ID(m))
 			}
 			c.want.Len += it.Tokens
 			text()
@@ -129,7 +129,7 @@ func TestPositionMapRandomMismatches(t *testing.T) {
 	placeholderAt := func(tokens []int32, c *promptCase) []int {
 		var at []int
 		for i, tok := range tokens {
-			if c.ph.modalityOf(tok) != 0 {
+			if c.ph.ModalityOf(tok) != 0 {
 				at = append(at, i)
 			}
 		}
@@ -148,7 +148,7 @@ func TestPositionMapRandomMismatches(t *testing.T) {
 			if len(c.items) == 0 {
 				return nil, false
 			}
-			return slices.Insert(tokens, r.IntN(len(tokens)+1), c.ph.id(c.items[r.IntN(len(c.items))].Modality)), true
+			return slices.Insert(tokens, r.IntN(len(tokens)+1), c.ph.ID(c.items[r.IntN(len(c.items))].Modality)), true
 		}, []error{ErrExtraPlaceholder, ErrModalityMismatch}},
 		{"shorten a run", PlaceholderExpanded, func(c *promptCase, tokens []int32) ([]int32, bool) {
 			if len(c.items) == 0 {
@@ -187,8 +187,8 @@ func TestPositionMapRandomMismatches(t *testing.T) {
 
 func TestPositionMapErrors(t *testing.T) {
 	ph := Placeholders{Image: 90, Video: 91, Audio: NoPlaceholder}
-	img := func(n int) MediaItem { return MediaItem{ID: "img", Modality: ModalityImage, Tokens: n} }
-	vid := func(n int) MediaItem { return MediaItem{ID: "vid", Modality: ModalityVideo, Tokens: n} }
+	img := func(n int) MediaItem { return MediaItem{ID: "img", Modality: Image, Tokens: n} }
+	vid := func(n int) MediaItem { return MediaItem{ID: "vid", Modality: Video, Tokens: n} }
 	f := func(style PlaceholderStyle, tokens []int32, items []MediaItem, kind error, pos, item int, msg string) {
 		t.Helper()
 		_, err := BuildPositionMap(tokens, ph, style, items)
@@ -205,7 +205,7 @@ func TestPositionMapErrors(t *testing.T) {
 		`media item without a placeholder (media item 1): 1 placeholders for 2 media items; video item "vid" has none`)
 	f(PlaceholderSingle, []int32{1, 91, 2}, []MediaItem{img(4)}, ErrModalityMismatch, 1, 0,
 		"placeholder modality differs from its media item's at token 1 (media item 0): video placeholder, item is image")
-	f(PlaceholderSingle, []int32{1, 90}, []MediaItem{{ID: "a", Modality: ModalityAudio, Tokens: 3}}, ErrUnknownModality, -1, 0,
+	f(PlaceholderSingle, []int32{1, 90}, []MediaItem{{ID: "a", Modality: Audio, Tokens: 3}}, ErrUnknownModality, -1, 0,
 		"media item of a modality the model has no placeholder for (media item 0): audio has no placeholder token")
 	f(PlaceholderSingle, []int32{1, 90}, []MediaItem{{ID: "x", Modality: 9, Tokens: 3}}, ErrUnknownModality, -1, 0,
 		"media item of a modality the model has no placeholder for (media item 0): modality(9) has no placeholder token")
@@ -240,7 +240,7 @@ func expand(pm *PositionMap, ph Placeholders, style PlaceholderStyle) []int32 {
 			n = s.End - s.Start
 		}
 		for range n {
-			out = append(out, ph.id(s.Modality))
+			out = append(out, ph.ID(s.Modality))
 		}
 		row = s.End
 	}
@@ -289,4 +289,18 @@ func FuzzBuildPositionMap(f *testing.F) {
 			t.Fatalf("map expands to %v, input %v", back, tokens)
 		}
 	})
+}
+
+func TestModalityText(t *testing.T) {
+	for _, m := range []Modality{Image, Video, Audio} {
+		b, err := m.MarshalText()
+		require.NoError(t, err)
+		var got Modality
+		require.NoError(t, got.UnmarshalText(b))
+		require.Equal(t, m, got)
+	}
+	var m Modality
+	require.ErrorContains(t, m.UnmarshalText([]byte("smell")), `unknown modality "smell"`)
+	_, err := Modality(0).MarshalText()
+	require.Error(t, err, "the zero value is no modality")
 }
