@@ -8,8 +8,8 @@ import (
 	"strings"
 
 	"dataplane/dataplane/encoder"
-	"dataplane/dataplane/fetch"
 	"dataplane/dataplane/media"
+	"dataplane/dataplane/media/fetch"
 	"dataplane/dataplane/openai"
 	"dataplane/features"
 	"dataplane/native"
