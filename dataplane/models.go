@@ -10,8 +10,8 @@ import (
 	"dataplane/dataplane/encoder"
 	"dataplane/dataplane/media"
 	"dataplane/dataplane/media/picture"
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // ModelOptions choose the encoders and the LLM's input embeddings. Empty paths mean seeded

@@ -13,8 +13,8 @@ import (
 	"dataplane/dataplane/media"
 	"dataplane/dataplane/media/audio"
 	"dataplane/dataplane/media/video"
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 func init() {

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
-	"dataplane/features/safetensors"
 	"dataplane/native/fixtures"
+	"dataplane/transfer/safetensors"
 )
 
 // The CLI writes the fixture's exact CLIP-224 tensor and its token count.

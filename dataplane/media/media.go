@@ -13,8 +13,8 @@ import (
 	"dataplane/dataplane/media/audio"
 	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/media/video"
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // Preset is a named preprocessing: a picture preset (used for images and video frames) or an

@@ -3,8 +3,8 @@ package audio
 import (
 	"fmt"
 
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // Whisper's fixed input: 30 s windows of 3000 frames.

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"sync"
 
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // Family is a model family's preprocessing scheme.

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"dataplane/dataplane/media/picture"
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // Options choose and bound the frames. The zero value means the defaults below.
