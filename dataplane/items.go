@@ -120,12 +120,9 @@ func (s *Service) prepareWith(ctx context.Context, m *openai.Media, salt string,
 // split cuts a preprocessing result into the encoder's inputs: a picture is one input, a
 // video one per frame, audio one per 3000-frame window.
 func (it *item) split(res *media.Result) error {
-	if len(res.Tensors) == 0 {
-		return fmt.Errorf("preprocessing gave no tensor")
-	}
-	t := res.Tensors[0]
-	if t.DType != "F32" {
-		return fmt.Errorf("preprocessing gave %s, the encoders take F32", t.DType)
+	t := res.Input
+	if t.DType != native.F32 {
+		return fmt.Errorf("preprocessing gave %v, the encoders take %v", t.DType, native.F32)
 	}
 	all := native.AsFloat32(t.Data)
 	var n, frames int
@@ -137,7 +134,7 @@ func (it *item) split(res *media.Result) error {
 	case it.modality == sequence.Audio && len(t.Shape) == 3:
 		n, frames = t.Shape[0], t.Shape[2]
 	default:
-		return fmt.Errorf("preprocessing gave %s of shape %v for %v", t.Name, t.Shape, it.modality)
+		return fmt.Errorf("preprocessing gave shape %v for %v", t.Shape, it.modality)
 	}
 	if n == 0 {
 		return fmt.Errorf("nothing to encode")

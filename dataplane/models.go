@@ -11,8 +11,8 @@ import (
 	"dataplane/dataplane/media"
 	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/sequence"
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // ModelOptions choose the encoders and the LLM's input embeddings. Empty paths mean seeded

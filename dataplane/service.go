@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dataplane/dataplane/encoderpool"
-	"dataplane/dataplane/fetch"
 	"dataplane/dataplane/media"
+	"dataplane/dataplane/media/fetch"
 	"dataplane/dataplane/openai"
 	"dataplane/dataplane/worker"
 	"dataplane/features"

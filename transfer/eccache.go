@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // ECCacheFile is the file vLLM's shared-storage EC connector reads for one item.

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // known is the tensor make_torch_vectors.py saved: arange(n)*0.25 - 1 in dt, [rows, cols].

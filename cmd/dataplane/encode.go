@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"dataplane/dataplane/encoder"
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 func init() {

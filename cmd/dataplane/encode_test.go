@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"dataplane/features/safetensors"
 	"dataplane/native/fixtures"
+	"dataplane/transfer/safetensors"
 )
 
 // modelDir lays a fixture checkpoint out as a model directory.

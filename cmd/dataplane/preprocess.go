@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,8 +14,8 @@ import (
 	"dataplane/dataplane/media"
 	"dataplane/dataplane/media/audio"
 	"dataplane/dataplane/media/video"
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 func init() {
@@ -106,10 +107,11 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var (
 		res      *media.Result
 		modality string
+		names    tensorNames
 	)
 	switch {
 	case *imagePath != "":
-		modality = "image"
+		modality, names = "image", tensorNames{"pixel_values", "image_grid_thw"}
 		data, err := readInput(*imagePath)
 		if err != nil {
 			return err
@@ -119,7 +121,7 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		}
 	case *audioPath != "":
-		modality = "audio"
+		modality, names = "audio", tensorNames{input: "input_features"}
 		data, err := readInput(*audioPath)
 		if err != nil {
 			return err
@@ -128,7 +130,7 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		}
 	default:
-		modality = "video"
+		modality, names = "video", tensorNames{"pixel_values_videos", "video_grid_thw"}
 		var data []byte
 		var images [][]byte
 		if *videoPath != "" {
@@ -150,15 +152,35 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	meta := map[string]string{"preset": preset.Name, "modality": modality, "tokens": strconv.Itoa(res.Tokens),
 		"content_key": res.Key.Hex(), "source": res.Detail}
-	if err := safetensors.WriteFile(*outPath, res.Tensors, meta); err != nil {
+	tensors := fileTensors(res, names)
+	if err := safetensors.WriteFile(*outPath, tensors, meta); err != nil {
 		return fmt.Errorf("write %s: %w", *outPath, err)
 	}
 	fmt.Fprintf(stdout, "%s: %s\n", modality, res.Detail)
-	for _, t := range res.Tensors {
+	for _, t := range tensors {
 		fmt.Fprintf(stdout, "tensor %s %s %v\n", t.Name, t.DType, t.Shape)
 	}
 	fmt.Fprintf(stdout, "tokens %d\ncontent_key %s\nwrote %s\n", res.Tokens, res.Key.Hex(), *outPath)
 	return nil
+}
+
+// tensorNames are what Hugging Face's processors call an item's tensors: its encoder input and
+// Qwen2-VL's patch grid.
+type tensorNames struct{ input, grid string }
+
+// fileTensors is what preprocess writes: the encoder input and, where the preset has one, the
+// patch grid as the [1, 3] I64 tensor Qwen2-VL's processors return.
+func fileTensors(res *media.Result, names tensorNames) []safetensors.Tensor {
+	in := res.Input
+	out := []safetensors.Tensor{{Name: names.input, DType: strings.ToUpper(in.DType.String()), Shape: in.Shape, Data: in.Data}}
+	if res.Grid != [3]int{} { // Qwen2-VL; a grid has at least one patch a side
+		grid := make([]byte, 0, 24)
+		for _, v := range res.Grid {
+			grid = binary.LittleEndian.AppendUint64(grid, uint64(v))
+		}
+		out = append(out, safetensors.Tensor{Name: names.grid, DType: "I64", Shape: []int{1, 3}, Data: grid})
+	}
+	return out
 }
 
 // readInput reads a file, or decodes a data: URL given in its place.

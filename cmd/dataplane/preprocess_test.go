@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"io"
 	"math"
 	"os"
@@ -17,8 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
-	"dataplane/features/safetensors"
+	"dataplane/native"
 	"dataplane/native/fixtures"
+	"dataplane/transfer/safetensors"
 )
 
 // The CLI writes the fixture's exact CLIP-224 tensor and its token count.
@@ -118,4 +121,56 @@ func TestPreprocessVideoAndImages(t *testing.T) {
 	require.Equal(t, 1, run(context.Background(), []string{"preprocess", "--preset", "clip-224", "--video", junk,
 		"--out", filepath.Join(dir, "x.safetensors")}, io.Discard, &stderr))
 	require.Contains(t, stderr.String(), "corrupt video")
+}
+
+// preprocess writes the same files as before media preprocessing handed back native tensors.
+// Each sum, size and tensor line is what `go run ./cmd/dataplane preprocess ARGS --out
+// x.safetensors` wrote and printed at 83a4bc9 (the old code, run in an unmodified checkout on
+// the development VM, an AVX2 machine), so tensor names, dtypes (the I64 *_grid_thw included),
+// shapes, bytes, metadata and the header's layout are all pinned. Log-mel bits differ between
+// kernel variants, so the audio files are compared only where the AVX2 variant runs.
+func TestPreprocessWritesPinnedFiles(t *testing.T) {
+	png, jpg, wav := fixtures.Path(t, "image_200x150.png"), fixtures.Path(t, "image_200x150.jpg"), fixtures.Path(t, "audio_7s3.wav")
+	f := func(name, sum string, size int, tensors string, args ...string) {
+		t.Run(name, func(t *testing.T) {
+			if slices.Contains(args, "--audio") && native.BestISA() != native.ISAAVX2 {
+				t.Skipf("log-mel runs the %v variant here; the sums are of the AVX2 variant's bits", native.BestISA())
+			}
+			out := filepath.Join(t.TempDir(), "x.safetensors")
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, 0, run(context.Background(), append(append([]string{"preprocess"}, args...), "--out", out), &stdout, &stderr), stderr.String())
+			var lines []string
+			for _, l := range strings.Split(stdout.String(), "\n") {
+				if strings.HasPrefix(l, "tensor ") {
+					lines = append(lines, l)
+				}
+			}
+			require.Equal(t, tensors, strings.Join(lines, "\n"))
+			b, err := os.ReadFile(out)
+			require.NoError(t, err)
+			got := sha256.Sum256(b)
+			n := binary.LittleEndian.Uint64(b)
+			require.Equal(t, sum, hex.EncodeToString(got[:]), "header: %s", b[8:8+n])
+			require.Len(t, b, size)
+		})
+	}
+	f("clip-224 png", "fad26fdcb808e5792347d2a48ee98b41c0d5301901b0ca8fd4fddb78e7462b1f", 602408,
+		"tensor pixel_values F32 [1 3 224 224]", "--preset", "clip-224", "--image", png)
+	f("siglip-384 jpeg f16", "58ea6cb55910e96515eab2a3f8b0c50eec26d3e6ff964bae026bd2254d5166d5", 885040,
+		"tensor pixel_values F16 [1 3 384 384]", "--preset", "siglip-384", "--image", jpg, "--dtype", "f16")
+	f("internvl png bf16", "4dac00bd500aff4ff99e3a15cba8d166fd54cd3cb760ad99755a16868eacad10", 15655216,
+		"tensor pixel_values BF16 [13 3 448 448]", "--preset", "internvl", "--image", png, "--dtype", "bf16")
+	f("qwen2-vl jpeg", "635ecbb9ba1fc836df77de68eeb179f109deb8ba9691c412d42046f91fa331d8", 658960,
+		"tensor pixel_values F32 [140 1176]\ntensor image_grid_thw I64 [1 3]", "--preset", "qwen2-vl", "--image", jpg)
+	f("qwen2-vl pictures as video bf16", "1bdd6c741a556234beb4145e0fef85dcc78b7d87ac28b63449e0c3abccf051d8", 658976,
+		"tensor pixel_values_videos BF16 [280 1176]\ntensor video_grid_thw I64 [1 3]",
+		"--preset", "qwen2-vl", "--images", strings.Join([]string{png, jpg, png, jpg}, ","), "--dtype", "bf16")
+	f("clip-224 pictures as video f16", "5308b7732a51a110fd4e07e6d83c2f8ced07593d9b9d05b5a35a68b8e96e5e5e", 602424,
+		"tensor pixel_values_videos F16 [2 3 224 224]", "--preset", "clip-224", "--images", png+","+jpg, "--dtype", "f16")
+	f("whisper-80", "a78a630bd2c7ca51037eb02d81b5d11fe4bad6177c6b5d3b9b748c1bef71990a", 960344,
+		"tensor input_features F32 [1 80 3000]", "--preset", "whisper-80", "--audio", wav)
+	f("whisper-128 hf bf16", "66c2a06bad6288ff939d22e22678d2b8b86e4c1cc619182166af6762bf9939b4", 768336,
+		"tensor input_features BF16 [1 128 3000]", "--preset", "whisper-128", "--audio", wav, "--mel", "hf", "--dtype", "bf16")
+	f("qwen2-audio f16", "bece9d06ec9b036fe5d237a1db82ced1afbd3f9f375a89c50c42b15a004ab13e", 768336,
+		"tensor input_features F16 [1 128 3000]", "--preset", "qwen2-audio", "--audio", wav, "--dtype", "f16")
 }

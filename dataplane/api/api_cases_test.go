@@ -422,14 +422,15 @@ func TestVideoURLContainer(t *testing.T) {
 // Media that cannot be encoded within the item timeout fails its request with a 504 naming
 // the item; every byte is released once the encoder lets go, and the daemon serves on.
 func TestItemTimeout(t *testing.T) {
-	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.ItemTimeout = 500 * time.Millisecond }) // long enough to reach the encoder on a loaded machine
+	// Long enough, on a loaded machine, to reach the encoder and to encode the next request.
+	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.ItemTimeout = 2 * time.Second })
 	g := newGate(t)
 	d.wrapEncoders(func(m encoderpool.Model) encoderpool.Model { return gateModel{m, g} })
 	code, out := d.post(t, "/v1/chat/completions", chatBody(1, textPart("describe"), imagePart(randomPNG(t, 2))))
 	require.Equal(t, 504, code, "%v", out)
 	msg, param := apiError(t, out)
 	require.Equal(t, "messages[0].content[1]", param)
-	require.Contains(t, msg, "media not encoded within 500ms")
+	require.Contains(t, msg, "media not encoded within 2s")
 	select {
 	case <-g.entered:
 	default:

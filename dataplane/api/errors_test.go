@@ -12,7 +12,7 @@ import (
 
 	"dataplane/dataplane"
 	"dataplane/dataplane/encoderpool"
-	"dataplane/dataplane/fetch"
+	"dataplane/dataplane/media/fetch"
 	"dataplane/dataplane/openai"
 	"dataplane/dataplane/sequence"
 	"dataplane/features"

@@ -420,16 +420,18 @@ func TestVideoAsPicturesAndConcurrency(t *testing.T) {
 	require.Contains(t, metrics, `dataplane_requests_total{endpoint="chat",outcome="ok"} 201`)
 }
 
-// oomModel fails any batch of more than maxInputs inputs as an allocation failure would.
+// oomModel fails as an allocation would: every batch of more than maxFrames inputs, and every
+// batch at all until failFrames frames have been tried (the video at full size: its batch, then
+// the pool's item-by-item rerun of that batch). The pool's one worker calls it in turn.
 type oomModel struct {
 	encoderpool.Model
-	maxFrames int
-	calls     *atomic.Int32
+	maxFrames  int
+	failFrames int32
+	seen       *atomic.Int32
 }
 
 func (m oomModel) Run(inputs []encoder.Input, outs []native.Matrix) error {
-	m.calls.Add(1)
-	if len(inputs) > m.maxFrames {
+	if m.seen.Add(int32(len(inputs))) <= m.failFrames || len(inputs) > m.maxFrames {
 		return fmt.Errorf("scratch for %d frames: %w", len(inputs), native.ErrNoMem)
 	}
 	return m.Model.Run(inputs, outs)
@@ -438,31 +440,20 @@ func (m oomModel) Run(inputs []encoder.Input, outs []native.Matrix) error {
 // A video whose encoding runs out of memory is encoded again with half its frames.
 func TestVideoRetriedSmallerOnNoMemory(t *testing.T) {
 	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.Pool.MaxBatch = 64; o.Pool.MaxWait = 20 * time.Millisecond })
-	calls := &atomic.Int32{}
-	// A batch holds every frame of the video; the item-by-item rerun of a failed batch runs one
-	// frame at a time, so fail those too while the video is at full size (8 frames).
-	var fullSize atomic.Bool
-	fullSize.Store(true)
+	// Eight frames fail in their batch, then one by one; the retry's four fit.
+	seen := &atomic.Int32{}
 	d.wrapEncoders(func(m encoderpool.Model) encoderpool.Model {
-		limit := 4
-		if fullSize.Load() {
-			limit = 0
-		}
-		return oomModel{Model: m, maxFrames: limit, calls: calls}
+		return oomModel{Model: m, maxFrames: 4, failFrames: 2 * 8, seen: seen}
 	})
 	png := dataURL(t, "image/png", "image_200x150.png")
 	jpg := dataURL(t, "image/jpeg", "image_200x150.jpg")
 	pictures := []string{png, jpg, png, jpg, png, jpg, png, jpg}
-	go func() {
-		// After the first attempt fails, let the smaller retry (4 frames) through.
-		require.Eventually(t, func() bool { return calls.Load() > 0 }, 10*time.Second, time.Millisecond)
-		fullSize.Store(false)
-	}()
 	code, out := d.post(t, "/v1/chat/completions", map[string]any{"max_tokens": 1, "messages": []any{map[string]any{"role": "user",
 		"content": []any{map[string]any{"type": "video", "video": pictures}}}}})
 	require.Equal(t, 200, code, "%v", out)
 	r := d.w.requests()[0]
 	require.Equal(t, 4*256, r.Media[0].End-r.Media[0].Start, "half the frames")
+	require.EqualValues(t, 2*8+4, seen.Load(), "eight frames tried twice, then four")
 }
 
 // failModel fails every batch.

@@ -13,9 +13,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"dataplane/features/safetensors"
 	"dataplane/native"
 	"dataplane/native/fixtures"
+	"dataplane/transfer/safetensors"
 )
 
 // tensor is a checkpoint tensor under construction: values and shape.

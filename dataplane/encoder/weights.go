@@ -7,8 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"dataplane/features/safetensors"
 	"dataplane/native"
+	"dataplane/transfer/safetensors"
 )
 
 // ErrWeights is what every missing, misshapen or unexpected tensor error unwraps to.

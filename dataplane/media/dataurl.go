@@ -1,6 +1,7 @@
 package media
 
 import (
+	"dataplane/dataplane/sequence"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -30,14 +31,11 @@ type DataURL struct {
 	Data      []byte
 }
 
-// Modality is what the media type says: "image", "audio", "video" or "" for anything else.
-func (d *DataURL) Modality() string {
+// Modality is what the media type's top level says (image/*, audio/*, video/*), or 0.
+func (d *DataURL) Modality() sequence.Modality {
 	t, _, _ := strings.Cut(d.MediaType, "/")
-	switch t {
-	case "image", "audio", "video":
-		return t
-	}
-	return ""
+	m, _ := sequence.ParseModality(t)
+	return m
 }
 
 // ParseDataURL parses a data URL whose decoded data may hold at most maxBytes bytes; the limit

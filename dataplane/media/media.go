@@ -1,6 +1,6 @@
 // Package media is the entry point for preprocessing one request item: it names the presets
 // (picture, audio and video families), runs the right pipeline for a preset and a modality,
-// and returns the encoder's input tensors, the token count and the content key. The work lives
+// and returns the encoder's input tensor, the token count and the content key. The work lives
 // in picture, audio and video; data URLs and content keys live here.
 package media
 
@@ -13,7 +13,6 @@ import (
 	"dataplane/dataplane/media/audio"
 	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/media/video"
-	"dataplane/features/safetensors"
 	"dataplane/native"
 )
 
@@ -74,10 +73,15 @@ func Lookup(name string) (Preset, error) {
 
 // Result is one preprocessed item.
 type Result struct {
-	Tensors []safetensors.Tensor
-	Tokens  int
-	Key     Key
-	Detail  string // what was decoded, for logs and the CLI
+	// Input is the encoder's input: what Hugging Face's processors call pixel_values (an
+	// image), pixel_values_videos (a video) or input_features (audio).
+	Input native.Tensor
+	// Grid is Qwen2-VL's (t, h, w) patch grid of Input (its processors' image_grid_thw or
+	// video_grid_thw); zero for the other presets.
+	Grid   [3]int
+	Tokens int
+	Key    Key
+	Detail string // what was decoded, for logs and the CLI
 }
 
 // Options for the pipelines; the zero value means each package's defaults.
@@ -108,7 +112,7 @@ func Image(data []byte, p Preset, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Tensors: out.Tensors, Tokens: out.Tokens, Key: ImageKey(img), Detail: info.String()}, nil
+	return &Result{Input: out.PixelValues, Grid: out.Grid, Tokens: out.Tokens, Key: ImageKey(img), Detail: info.String()}, nil
 }
 
 // ImageTokens is the token count of a picture from its header alone (no pixels decoded).
@@ -140,11 +144,11 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 	if err != nil {
 		return nil, err
 	}
-	tensors, err := f.Tensors(opts.DType)
+	in, err := f.InputFeatures(opts.DType)
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Tensors: tensors, Tokens: a.Tokens(len(clip.Samples)), Key: AudioKey(clip.Samples, clip.Rate),
+	return &Result{Input: in, Tokens: a.Tokens(len(clip.Samples)), Key: AudioKey(clip.Samples, clip.Rate),
 		Detail: fmt.Sprintf("%v, %d window(s), %v convention", clip, f.Windows, a.Convention)}, nil
 }
 
@@ -174,7 +178,7 @@ func Video(ctx context.Context, data []byte, images [][]byte, p Preset, opts Opt
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Tensors: out.Tensors, Tokens: out.Tokens, Key: VideoKey(v.Frames),
+	return &Result{Input: out.PixelValuesVideos, Grid: out.Grid, Tokens: out.Tokens, Key: VideoKey(v.Frames),
 		Detail: fmt.Sprintf("%dx%d, %d frames at %.3g fps; took %d (%v): %v", v.Info.W, v.Info.H, v.Info.Frames, v.Info.FPS,
 			len(v.Frames), vo.Sampling, v.Indices)}, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"dataplane/dataplane/media/audio"
 	"dataplane/dataplane/media/picture"
+	"dataplane/dataplane/sequence"
 	"dataplane/native"
 	"dataplane/native/fixtures"
 )
@@ -62,7 +63,7 @@ func TestKeysFollowContentNotContainer(t *testing.T) {
 	b, err := Image(buf.Bytes(), Preset{Name: "clip-224", Picture: &picture.CLIP224}, Options{})
 	require.NoError(t, err)
 	require.Equal(t, a.Key, b.Key)
-	require.Equal(t, a.Tensors[0].Data, b.Tensors[0].Data)
+	require.Equal(t, a.Input.Data, b.Input.Data)
 
 	// orient6.png is stored sideways with orientation 6; its upright pixels as a plain PNG.
 	rot, err := os.ReadFile("picture/testdata/orient6.png")
@@ -117,15 +118,15 @@ func TestPresetsAndPipelines(t *testing.T) {
 	r, err := Image(read(t, "image_200x150.png"), clip336, Options{DType: native.BF16})
 	require.NoError(t, err)
 	require.Equal(t, 576, r.Tokens)
-	require.Equal(t, "BF16", r.Tensors[0].DType)
-	require.Equal(t, []int{1, 3, 336, 336}, r.Tensors[0].Shape)
+	require.Equal(t, native.BF16, r.Input.DType)
+	require.Equal(t, []int{1, 3, 336, 336}, r.Input.Shape)
 
 	w128, _ := Lookup("whisper-128")
 	hf := audio.HF
 	a, err := Audio(context.Background(), read(t, "audio_7s3.wav"), w128, Options{Convention: &hf})
 	require.NoError(t, err)
 	require.Equal(t, 1500, a.Tokens)
-	require.Equal(t, []int{1, 128, 3000}, a.Tensors[0].Shape)
+	require.Equal(t, []int{1, 128, 3000}, a.Input.Shape)
 	require.Contains(t, a.Detail, "hf convention")
 
 	_, err = Audio(context.Background(), nil, clip336, Options{})
@@ -152,7 +153,7 @@ func TestDataURL(t *testing.T) {
 	f("data:image/jpeg;base64,-_8=", "image/jpeg", map[string]string{}, true, "\xfb\xff") // URL-safe alphabet
 	d, err := ParseDataURL("data:audio/wav;base64,AAAA", 10)
 	require.NoError(t, err)
-	require.Equal(t, "audio", d.Modality())
+	require.Equal(t, sequence.Audio, d.Modality())
 
 	bad := func(s string, max int, words string, at int) {
 		t.Helper()

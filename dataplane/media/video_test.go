@@ -44,18 +44,17 @@ func TestVideoEndToEnd(t *testing.T) {
 	a, err := Video(ctx, mkv, nil, clip224, opts)
 	require.NoError(t, err)
 	require.Equal(t, 8*256, a.Tokens)
-	require.Len(t, a.Tensors, 1)
-	require.Equal(t, "pixel_values_videos", a.Tensors[0].Name)
-	require.Equal(t, "BF16", a.Tensors[0].DType)
-	require.Equal(t, []int{8, 3, 224, 224}, a.Tensors[0].Shape)
-	require.Len(t, a.Tensors[0].Data, 8*3*224*224*2)
+	require.Zero(t, a.Grid) // pixel_values_videos alone, no grid
+	require.Equal(t, native.BF16, a.Input.DType)
+	require.Equal(t, []int{8, 3, 224, 224}, a.Input.Shape)
+	require.Len(t, a.Input.Data, 8*3*224*224*2)
 	require.Contains(t, a.Detail, "96x64, 40 frames at 10 fps; took 8 (uniform): [0 5 11 16 22 27 33 39]")
 
 	b, err := Video(ctx, nil, pngs, clip224, opts)
 	require.NoError(t, err)
 	require.Equal(t, a.Key, b.Key)
 	require.Equal(t, a.Tokens, b.Tokens)
-	require.Equal(t, a.Tensors[0].Data, b.Tensors[0].Data)
+	require.Equal(t, a.Input.Data, b.Input.Data)
 
 	// The key is the documented layout over the chosen frames, and each frame's slice of the
 	// tensor is that picture preprocessed alone.
@@ -79,8 +78,8 @@ func TestVideoEndToEnd(t *testing.T) {
 	require.Equal(t, want, a.Key)
 	one, err := Image(pngs[22], clip224, Options{DType: native.BF16})
 	require.NoError(t, err)
-	n := len(one.Tensors[0].Data)
-	require.Equal(t, one.Tensors[0].Data, a.Tensors[0].Data[4*n:5*n])
+	n := len(one.Input.Data)
+	require.Equal(t, one.Input.Data, a.Input.Data[4*n:5*n])
 	require.NotEqual(t, one.Key, VideoKey(frames[4:5]), "a one-frame video is not the picture")
 
 	other := func(name string, k Key) {
@@ -124,15 +123,12 @@ func TestVideoQwen2VL(t *testing.T) {
 	require.NoError(t, err)
 	// 4 frames (5 floored to 2s); 96x64 -> smart_resize 84x56 -> 6x4 patches of 14, merged 2x2.
 	require.Equal(t, 2*(4/2)*(6/2), a.Tokens)
-	require.Equal(t, "pixel_values_videos", a.Tensors[0].Name)
-	require.Equal(t, []int{2 * 4 * 6, 3 * 2 * 14 * 14}, a.Tensors[0].Shape)
-	require.Equal(t, "video_grid_thw", a.Tensors[1].Name)
-	grid := a.Tensors[1].Data
-	require.Equal(t, []uint64{2, 4, 6}, []uint64{binary.LittleEndian.Uint64(grid), binary.LittleEndian.Uint64(grid[8:]), binary.LittleEndian.Uint64(grid[16:])})
+	require.Equal(t, []int{2 * 4 * 6, 3 * 2 * 14 * 14}, a.Input.Shape)
+	require.Equal(t, [3]int{2, 4, 6}, a.Grid) // video_grid_thw
 	b, err := Video(ctx, nil, pngs, q, Options{Video: video.Options{Frames: 5}})
 	require.NoError(t, err)
 	require.Equal(t, a.Key, b.Key)
-	require.Equal(t, a.Tensors[0].Data, b.Tensors[0].Data)
+	require.Equal(t, a.Input.Data, b.Input.Data)
 }
 
 func TestVideoBadInputs(t *testing.T) {

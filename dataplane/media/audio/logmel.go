@@ -3,7 +3,6 @@ package audio
 import (
 	"fmt"
 
-	"dataplane/features/safetensors"
 	"dataplane/native"
 )
 
@@ -156,17 +155,16 @@ func (p Preset) Tokens(n int) int {
 	return tokens
 }
 
-// Tensors is the features as the encoder input tensor input_features [Windows, Mels, 3000] in
-// dtype.
-func (f *Features) Tensors(dtype native.DType) ([]safetensors.Tensor, error) {
+// InputFeatures is the features as the encoder's input, Hugging Face's input_features:
+// [Windows, Mels, 3000] in dtype.
+func (f *Features) InputFeatures(dtype native.DType) (native.Tensor, error) {
 	data := native.AsBytes(f.Data)
 	if dtype != native.F32 {
 		out := make([]byte, len(f.Data)*dtype.Size())
 		if err := native.Convert(out, dtype, data, native.F32); err != nil {
-			return nil, errorf(ErrPreset, "log-mel", "", "%v", err)
+			return native.Tensor{}, errorf(ErrPreset, "log-mel", "", "%v", err)
 		}
 		data = out
 	}
-	name := map[native.DType]string{native.F32: "F32", native.F16: "F16", native.BF16: "BF16"}[dtype]
-	return []safetensors.Tensor{{Name: "input_features", DType: name, Shape: []int{f.Windows, f.Mels, WindowFrames}, Data: data}}, nil
+	return native.Tensor{DType: dtype, Shape: []int{f.Windows, f.Mels, WindowFrames}, Data: data}, nil
 }

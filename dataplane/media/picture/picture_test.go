@@ -63,10 +63,9 @@ func TestCLIPMatchesFixtures(t *testing.T) {
 		p := Preset{Name: "clip", Family: CLIP, Size: n, Patch: 16, Filter: native.Bicubic, Mean: CLIPMean, Std: CLIPStd}
 		out, err := p.Apply(img, native.F32)
 		require.NoError(t, err)
-		require.Len(t, out.Tensors, 1)
-		tn := out.Tensors[0]
-		require.Equal(t, "pixel_values", tn.Name)
-		require.Equal(t, "F32", tn.DType)
+		require.Zero(t, out.Grid) // pixel values alone, no grid
+		tn := out.PixelValues
+		require.Equal(t, native.F32, tn.DType)
 		require.Equal(t, []int{1, 3, n, n}, tn.Shape)
 		differ, worst := 0, 0.0
 		for i, w := range want {
@@ -89,9 +88,9 @@ func TestCLIPHalfPrecision(t *testing.T) {
 	for _, dt := range []native.DType{native.F16, native.BF16} {
 		out, err := CLIP224.Apply(img, dt)
 		require.NoError(t, err)
-		want := make([]byte, len(f32.Tensors[0].Data)/2)
-		require.NoError(t, native.Convert(want, dt, f32.Tensors[0].Data, native.F32))
-		require.Equal(t, want, out.Tensors[0].Data, "%v", dt)
+		want := make([]byte, len(f32.PixelValues.Data)/2)
+		require.NoError(t, native.Convert(want, dt, f32.PixelValues.Data, native.F32))
+		require.Equal(t, want, out.PixelValues.Data, "%v", dt)
 		require.Equal(t, 256, out.Tokens)
 	}
 }
@@ -184,7 +183,7 @@ func TestInternVLTilesMatchPillow(t *testing.T) {
 		}
 		out, err := InternVL448.Apply(img, native.BF16)
 		require.NoError(t, err)
-		require.Equal(t, []int{len(want.Tiles), 3, 448, 448}, out.Tensors[0].Shape)
+		require.Equal(t, []int{len(want.Tiles), 3, 448, 448}, out.PixelValues.Shape)
 		require.Equal(t, 256*len(want.Tiles), out.Tokens)
 	}
 }
@@ -269,11 +268,10 @@ func TestQwenApply(t *testing.T) {
 	out, err := Qwen2VLImage.Apply(img, native.F32)
 	require.NoError(t, err)
 	require.Equal(t, 35, out.Tokens)
-	require.Equal(t, []int{10 * 14, 1176}, out.Tensors[0].Shape)
-	require.Equal(t, "image_grid_thw", out.Tensors[1].Name)
-	require.Equal(t, []byte{1, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 14, 0, 0, 0, 0, 0, 0, 0}, out.Tensors[1].Data)
+	require.Equal(t, []int{10 * 14, 1176}, out.PixelValues.Shape)
+	require.Equal(t, [3]int{1, 10, 14}, out.Grid) // image_grid_thw
 	// Both temporal copies of a picture are the same values.
-	row := out.Tensors[0].Data[:1176*4]
+	row := out.PixelValues.Data[:1176*4]
 	require.Equal(t, row[:196*4], row[196*4:392*4])
 }
 

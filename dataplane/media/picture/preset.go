@@ -1,13 +1,10 @@
 package picture
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
-	"strings"
 	"sync"
 
-	"dataplane/features/safetensors"
 	"dataplane/native"
 )
 
@@ -154,16 +151,20 @@ func (p Preset) Tokens(w, h int) (int, error) {
 	return 0, nil
 }
 
-// Output is a preprocessed picture: the encoder's input tensors and its token count.
+// Output is a preprocessed picture: the encoder's input, named as Hugging Face's image
+// processors name it, and its token count.
 type Output struct {
-	Tensors []safetensors.Tensor
-	Tokens  int
+	PixelValues native.Tensor // pixel_values
+	// Grid is Qwen2-VL's (t, h, w) patch grid of PixelValues, its processor's image_grid_thw;
+	// zero for the other families.
+	Grid   [3]int
+	Tokens int
 }
 
-// Apply preprocesses an upright RGB picture into the family's tensors, elements of dtype:
-//   - CLIP, SigLIP: pixel_values [1, 3, S, S];
-//   - InternVL: pixel_values [tiles (+ thumbnail), 3, S, S];
-//   - Qwen2VL: pixel_values [gh*gw, 3*T*P*P] in its patch order, image_grid_thw I64 [1, 3].
+// Apply preprocesses an upright RGB picture into the family's pixel values, elements of dtype:
+//   - CLIP, SigLIP: [1, 3, S, S];
+//   - InternVL: [tiles (+ thumbnail), 3, S, S];
+//   - Qwen2VL: [gh*gw, 3*T*P*P] in its patch order, and the grid (1, gh, gw).
 func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
 	if err := p.check(); err != nil {
 		return nil, err
@@ -187,19 +188,19 @@ func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
 		if err != nil {
 			return nil, err
 		}
-		out.Tensors = []safetensors.Tensor{tensor("pixel_values", dtype, data, 1, 3, p.Size, p.Size)}
+		out.PixelValues = tensor(dtype, data, 1, 3, p.Size, p.Size)
 	case SigLIP:
 		data, err := p.resizeNormalize(img, p.Size, p.Size, native.Rect{W: p.Size, H: p.Size}, dtype, nil)
 		if err != nil {
 			return nil, err
 		}
-		out.Tensors = []safetensors.Tensor{tensor("pixel_values", dtype, data, 1, 3, p.Size, p.Size)}
+		out.PixelValues = tensor(dtype, data, 1, 3, p.Size, p.Size)
 	case InternVL:
 		data, n, err := p.tiles(img, dtype)
 		if err != nil {
 			return nil, err
 		}
-		out.Tensors = []safetensors.Tensor{tensor("pixel_values", dtype, data, n, 3, p.Size, p.Size)}
+		out.PixelValues = tensor(dtype, data, n, 3, p.Size, p.Size)
 	case Qwen2VL:
 		rh, rw, err := p.SmartResize(img.H, img.W)
 		if err != nil {
@@ -210,10 +211,8 @@ func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
 			return nil, err
 		}
 		patches, grid := p.PatchLayout(chw, 1, rh, rw, dtype.Size())
-		out.Tensors = []safetensors.Tensor{
-			tensor("pixel_values", dtype, patches, grid[0]*grid[1]*grid[2], 3*p.TemporalPatch*p.Patch*p.Patch),
-			GridTensor("image_grid_thw", grid),
-		}
+		out.PixelValues = tensor(dtype, patches, grid[0]*grid[1]*grid[2], 3*p.TemporalPatch*p.Patch*p.Patch)
+		out.Grid = grid
 	}
 	return out, nil
 }
@@ -273,18 +272,6 @@ func ShortestSide(w, h, n int) (int, int) {
 // roundHalfEven is Python's round() on a float: ties go to the even integer.
 func roundHalfEven(x float64) int { return int(math.RoundToEven(x)) }
 
-func tensor(name string, dtype native.DType, data []byte, shape ...int) safetensors.Tensor {
-	return safetensors.Tensor{Name: name, DType: DTypeName(dtype), Shape: shape, Data: data}
-}
-
-// DTypeName is the safetensors spelling of a native dtype (F32, F16, BF16).
-func DTypeName(dtype native.DType) string { return strings.ToUpper(dtype.String()) }
-
-// GridTensor is a [1, 3] I64 tensor of a (t, h, w) patch grid, as Qwen2-VL's *_grid_thw.
-func GridTensor(name string, grid [3]int) safetensors.Tensor {
-	b := make([]byte, 24)
-	for i, v := range grid {
-		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
-	}
-	return safetensors.Tensor{Name: name, DType: "I64", Shape: []int{1, 3}, Data: b}
+func tensor(dtype native.DType, data []byte, shape ...int) native.Tensor {
+	return native.Tensor{DType: dtype, Shape: shape, Data: data}
 }

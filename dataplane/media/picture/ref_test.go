@@ -166,6 +166,6 @@ func TestGoCLIPBaselineMatches(t *testing.T) {
 	out, err := CLIP224.Apply(img, native.F32)
 	require.NoError(t, err)
 	want := goCLIP(m, 224)
-	require.Equal(t, native.AsBytes(want), out.Tensors[0].Data)
+	require.Equal(t, native.AsBytes(want), out.PixelValues.Data)
 	_ = jpeg.Decode // the benchmark's baseline decoder
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"dataplane/dataplane/media/picture"
-	"dataplane/features/safetensors"
 	"dataplane/native"
 )
 
@@ -229,16 +228,20 @@ func Pool(p picture.Preset) int {
 	return 1
 }
 
-// Output is a preprocessed video: tensors and token count.
+// Output is a preprocessed video: the encoder's input, named as Hugging Face's video processors
+// name it, and its token count.
 type Output struct {
-	Tensors []safetensors.Tensor
-	Tokens  int
+	PixelValuesVideos native.Tensor // pixel_values_videos
+	// Grid is Qwen2-VL's (t, h, w) patch grid of PixelValuesVideos, its processor's
+	// video_grid_thw; zero for the other families.
+	Grid   [3]int
+	Tokens int
 }
 
-// Preprocess turns the frames into the preset's video tensors, elements of dtype:
-// pixel_values_videos [T, 3, S, S] for CLIP, SigLIP and InternVL (one 448 tile a frame);
-// for Qwen2-VL every frame resized to the first frame's smart_resize size, then
-// pixel_values_videos [gt*gh*gw, 3*T*P*P] and video_grid_thw. Tokens = ceil(T / pool) * per frame.
+// Preprocess turns the frames into the preset's video pixel values, elements of dtype:
+// [T, 3, S, S] for CLIP, SigLIP and InternVL (one 448 tile a frame); for Qwen2-VL every frame
+// resized to the first frame's smart_resize size, then [gt*gh*gw, 3*T*P*P] and the grid
+// (gt, gh, gw). Tokens = ceil(T / pool) * per frame.
 func (v *Video) Preprocess(p picture.Preset, dtype native.DType) (*Output, error) {
 	if len(v.Frames) == 0 {
 		return nil, errorf(ErrEmpty, "preprocess", "no frames")
@@ -262,10 +265,8 @@ func (v *Video) Preprocess(p picture.Preset, dtype native.DType) (*Output, error
 			}
 		}
 		patches, grid := p.PatchLayout(chw, len(v.Frames), rh, rw, dtype.Size())
-		out.Tensors = []safetensors.Tensor{
-			{Name: "pixel_values_videos", DType: picture.DTypeName(dtype), Shape: []int{grid[0] * grid[1] * grid[2], 3 * p.TemporalPatch * p.Patch * p.Patch}, Data: patches},
-			picture.GridTensor("video_grid_thw", grid),
-		}
+		out.PixelValuesVideos = native.Tensor{DType: dtype, Shape: []int{grid[0] * grid[1] * grid[2], 3 * p.TemporalPatch * p.Patch * p.Patch}, Data: patches}
+		out.Grid = grid
 		return out, nil
 	}
 	frame := p
@@ -278,9 +279,9 @@ func (v *Video) Preprocess(p picture.Preset, dtype native.DType) (*Output, error
 		if err != nil {
 			return nil, fmt.Errorf("frame %d: %w", i, err)
 		}
-		data = append(data, o.Tensors[0].Data...)
+		data = append(data, o.PixelValues.Data...)
 	}
 	s := frame.Size
-	out.Tensors = []safetensors.Tensor{{Name: "pixel_values_videos", DType: picture.DTypeName(dtype), Shape: []int{len(v.Frames), 3, s, s}, Data: data}}
+	out.PixelValuesVideos = native.Tensor{DType: dtype, Shape: []int{len(v.Frames), 3, s, s}, Data: data}
 	return out, nil
 }

@@ -97,19 +97,19 @@ func TestPreprocessAndTokens(t *testing.T) {
 	out, err := v.Preprocess(picture.CLIP224, native.BF16)
 	require.NoError(t, err)
 	require.Equal(t, 5*256, out.Tokens)
-	require.Equal(t, []int{5, 3, 224, 224}, out.Tensors[0].Shape)
+	require.Equal(t, []int{5, 3, 224, 224}, out.PixelValuesVideos.Shape)
 	// Each frame's slice is the frame preprocessed alone.
 	one, err := picture.CLIP224.Apply(v.Frames[3], native.BF16)
 	require.NoError(t, err)
-	n := len(one.Tensors[0].Data)
-	require.Equal(t, one.Tensors[0].Data, out.Tensors[0].Data[3*n:4*n])
+	n := len(one.PixelValues.Data)
+	require.Equal(t, one.PixelValues.Data, out.PixelValuesVideos.Data[3*n:4*n])
 
 	q := picture.Qwen2VLImage
 	out, err = v.Preprocess(q, native.F32)
 	require.NoError(t, err)
 	// 96x64 -> smart_resize 84x56 -> grid 6x4 patches of 14; 5 frames -> 3 temporal patches.
-	require.Equal(t, "video_grid_thw", out.Tensors[1].Name)
-	require.Equal(t, []int{3 * 4 * 6, 1176}, out.Tensors[0].Shape)
+	require.Equal(t, [3]int{3, 4, 6}, out.Grid) // video_grid_thw
+	require.Equal(t, []int{3 * 4 * 6, 1176}, out.PixelValuesVideos.Shape)
 	require.Equal(t, 3*(4/2)*(6/2), out.Tokens)
 	require.Equal(t, 18, TokenCount(5, 6, 2))
 }
