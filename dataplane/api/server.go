@@ -172,7 +172,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	route := "other" // unknown paths share one label value, so the label set stays bounded
-	switch path := string(ctx.Path()); path {
+	switch path := ctx.Path(); string(path) {
 	case "/healthz":
 		route = "/healthz"
 		ctx.SetContentType("text/plain; charset=utf-8")
@@ -185,10 +185,25 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			route = r
 			break
 		}
-		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(path))
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(string(path)))
 	}
-	s.metrics.http.WithLabelValues(route, strconv.Itoa(ctx.Response.StatusCode())).Inc()
+	s.metrics.http.WithLabelValues(route, codeLabel(ctx.Response.StatusCode())).Inc()
 	s.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+}
+
+// codeLabels are the status codes' metric labels, made once (strconv.Itoa allocates above 99).
+var codeLabels = func() (l [600]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(i)
+	}
+	return l
+}()
+
+func codeLabel(code int) string {
+	if code >= 0 && code < len(codeLabels) {
+		return codeLabels[code]
+	}
+	return strconv.Itoa(code)
 }
 
 // handleMalformed answers requests fasthttp could not read (no handler runs for them).
@@ -206,7 +221,7 @@ func (s *Server) handleMalformed(ctx *fasthttp.RequestCtx, err error) {
 	default:
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed HTTP request: "+err.Error())
 	}
-	s.metrics.http.WithLabelValues("malformed", strconv.Itoa(ctx.Response.StatusCode())).Inc()
+	s.metrics.http.WithLabelValues("malformed", codeLabel(ctx.Response.StatusCode())).Inc()
 }
 
 // writeError sets the JSON error of a request that reached no endpoint (no param field, unlike
