@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/sbinet/npyio/npy"
+	"gonum.org/v1/gonum/mat"
 )
 
 // Profiles come in Dynamo's format: a NumPy .npz (a zip of .npy arrays) with prefill_isl,
@@ -165,8 +166,11 @@ func ParseNPY(raw []byte) (a npyArray, err error) {
 		return a, fmt.Errorf("dtype %s decoded as %T", h.Type, v)
 	}
 	a.Shape = h.Shape
-	if h.Fortran && len(h.Shape) == 2 {
-		a.Data = transpose(a.Data, h.Shape[1], h.Shape[0])
+	if h.Fortran && len(h.Shape) == 2 && len(a.Data) > 0 {
+		// Column-major data is the transpose in row-major order; gonum/mat (already linked
+		// in through npyio) transposes it back.
+		t := mat.NewDense(h.Shape[1], h.Shape[0], a.Data).T()
+		a.Data = mat.DenseCopyOf(t).RawMatrix().Data
 	}
 	return a, nil
 }
@@ -175,18 +179,6 @@ func toFloat64[T float32 | int64 | int32](v []T) []float64 {
 	out := make([]float64, len(v))
 	for i, x := range v {
 		out[i] = float64(x)
-	}
-	return out
-}
-
-// transpose turns a rows × cols matrix stored row by row into the same values column by
-// column (Fortran order into C order: the file's rows are the array's columns).
-func transpose(v []float64, rows, cols int) []float64 {
-	out := make([]float64, len(v))
-	for r := range rows {
-		for c := range cols {
-			out[c*rows+r] = v[r*cols+c]
-		}
 	}
 	return out
 }
