@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"dataplane/bench/mocker"
+	"dataplane/bench/plot"
 	"dataplane/bench/synth"
 	"dataplane/router"
 )
@@ -359,4 +360,15 @@ func nanF() float64 { return math.NaN() }
 func summarize(v []float64) Latency {
 	s := synth.Summarize(v)
 	return Latency{P50: s.P50, P90: s.P90, P99: s.P99, Mean: s.Mean}
+}
+
+// Chart plots each run's TTFT distribution (rejected requests left out) on a log-scaled
+// latency axis: policies differ most in their tails.
+func Chart(res []Result) plot.Chart {
+	var series []plot.Series
+	for _, r := range res {
+		series = append(series, plot.CDF(r.Policy+"/"+r.Encoding, r.PerRequestTTFT))
+	}
+	return plot.Chart{Title: "time to first token by routing policy", XLabel: "TTFT ms (log scale)", YLabel: "fraction of requests",
+		XScale: plot.Log10, Series: series}
 }

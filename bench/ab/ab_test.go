@@ -2,6 +2,8 @@ package ab
 
 import (
 	"context"
+	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/bench/plot"
 	"dataplane/bench/synth"
 )
 
@@ -169,4 +172,18 @@ func TestCalibrate(t *testing.T) {
 	require.ErrorAs(t, err, &oe)
 	_, err = Calibrate(func() error { return os.ErrClosed }, 10, 3, 1)
 	require.ErrorIs(t, err, os.ErrClosed)
+}
+
+// The chart has one TTFT CDF per run, rejected requests left out, on a log-scaled axis.
+func TestChart(t *testing.T) {
+	res := []Result{
+		{Policy: KVAware, Encoding: EncodeNone, PerRequestTTFT: []float64{30, 10, math.NaN(), 20}},
+		{Policy: RoundRobin, Encoding: EncodeNone, PerRequestTTFT: []float64{50}},
+	}
+	c := Chart(res)
+	require.Equal(t, plot.Log10, c.XScale)
+	require.Len(t, c.Series, 2)
+	require.Equal(t, "kv/none", c.Series[0].Name)
+	require.Equal(t, []float64{10, 20, 30}, c.Series[0].X)
+	require.NoError(t, c.WritePNG(io.Discard))
 }

@@ -101,8 +101,8 @@ func (r *Report) WriteCharts(dir, title string) error {
 		over.X = append(over.X, x.Sent.Seconds())
 		over.Y = append(over.Y, ms(x.TTFT))
 	}
-	cdf := plot.Chart{Title: title + ": latency CDF", XLabel: "ms", YLabel: "fraction of requests",
-		Series: []plot.Series{plot.CDF("TTFT", ttft), plot.CDF("end to end", e2e)}}
+	cdf := plot.Chart{Title: title + ": latency CDF", XLabel: "ms (log scale)", YLabel: "fraction of requests",
+		Series: []plot.Series{plot.CDF("TTFT", ttft), plot.CDF("end to end", e2e)}, XScale: plot.Log10}
 	if err := cdf.SavePNG(filepath.Join(dir, "ttft_cdf.png")); err != nil {
 		return err
 	}

@@ -4,17 +4,23 @@ import (
 	"archive/zip"
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
-	"math"
-	"strconv"
 	"strings"
+
+	"github.com/sbinet/npyio/npy"
+	"gonum.org/v1/gonum/mat"
 )
 
 // Profiles come in Dynamo's format: a NumPy .npz (a zip of .npy arrays) with prefill_isl,
 // prefill_ttft_ms (1-D), decode_active_kv_tokens, decode_context_length (1-D) and decode_itl
-// (2-D, [kv][context]), as numpy.savez writes them. Arrays may be float64, float32, int64 or
-// int32, little-endian, C order.
+// (2-D, [kv][context]), as numpy.savez or numpy.savez_compressed writes them. Arrays may be
+// float64, float32, int64 or int32, either byte order, C or Fortran order.
+//
+// The archive is read with archive/zip rather than npyio's npz package, which hides each
+// member's size: here it is checked before anything is inflated. Each array is decoded by
+// npyio's npy reader behind the checks a file from elsewhere needs and that reader lacks.
 
 // ErrNPY reports a malformed .npz or .npy: which array and what is wrong.
 type ErrNPY struct{ Array, Problem string }
@@ -90,113 +96,89 @@ func ReadProfile(r io.ReaderAt, size int64) (*Interpolated, error) {
 	return &m, nil
 }
 
-// npyArray is a parsed .npy: its shape and values as float64.
+// npyArray is a parsed .npy: its shape and values as float64, in C order.
 type npyArray struct {
 	Shape []int
 	Data  []float64
 }
 
-// ParseNPY parses one .npy file (format versions 1 to 3).
-func ParseNPY(raw []byte) (npyArray, error) {
-	var a npyArray
-	if len(raw) < 10 || !bytes.Equal(raw[:6], []byte("\x93NUMPY")) {
-		return a, fmt.Errorf("not a .npy file (no \\x93NUMPY magic)")
-	}
-	var hlen, off int
-	switch raw[6] {
-	case 1:
-		hlen, off = int(binary.LittleEndian.Uint16(raw[8:10])), 10
-	case 2, 3:
-		if len(raw) < 12 {
-			return a, fmt.Errorf("truncated header")
+// npyItemSize is the element size of each dtype a profile may use (without its byte-order
+// character). The list also keeps npyio away from object arrays, which it would unpickle.
+var npyItemSize = map[string]int{"f8": 8, "f4": 4, "i8": 8, "i4": 4}
+
+// ParseNPY parses one .npy file (format versions 1 and 2, those npyio reads). It never
+// panics: npyio slices a malformed header without checking it, so its panics become errors.
+func ParseNPY(raw []byte) (a npyArray, err error) {
+	// npyio allocates a version 2 header's declared length (up to 4 GiB) before reading it.
+	if len(raw) >= 12 && bytes.HasPrefix(raw, npy.Magic[:]) && raw[6] == 2 {
+		if hlen := binary.LittleEndian.Uint32(raw[8:12]); int64(hlen) > int64(len(raw)-12) {
+			return a, fmt.Errorf("header of %d bytes runs past the end", hlen)
 		}
-		hlen, off = int(binary.LittleEndian.Uint32(raw[8:12])), 12
-	default:
-		return a, fmt.Errorf("format version %d.%d not supported", raw[6], raw[7])
 	}
-	if hlen > len(raw)-off {
-		return a, fmt.Errorf("header of %d bytes runs past the end", hlen)
+	defer func() {
+		if p := recover(); p != nil {
+			a, err = npyArray{}, fmt.Errorf("malformed header (%v)", p)
+		}
+	}()
+	body := bytes.NewReader(raw)
+	r, err := npy.NewReader(body)
+	if errors.Is(err, npy.ErrInvalidNumPyFormat) {
+		return a, errors.New("not a .npy file (no \\x93NUMPY magic)")
 	}
-	header := string(raw[off : off+hlen])
-	body := raw[off+hlen:]
-	descr, err := headerValue(header, "descr")
 	if err != nil {
 		return a, err
 	}
-	fortran, err := headerValue(header, "fortran_order")
-	if err != nil {
-		return a, err
-	}
-	if fortran != "False" {
-		return a, fmt.Errorf("fortran_order %s: only C order is supported", fortran)
-	}
-	shapeText, err := headerValue(header, "shape")
-	if err != nil {
-		return a, err
+	h := r.Header.Descr
+	size, ok := npyItemSize[strings.TrimLeft(h.Type, "<>")]
+	if !ok || len(h.Type) != 3 {
+		return a, fmt.Errorf("dtype %s not supported (want f8, f4, i8 or i4, < or > byte order)", h.Type)
 	}
 	n := 1
-	for _, f := range strings.Split(strings.Trim(shapeText, "()"), ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
+	for _, d := range h.Shape {
+		if d < 0 || d > maxNPYBytes {
+			return a, fmt.Errorf("bad shape %v", h.Shape)
 		}
-		d, err := strconv.Atoi(f)
-		if err != nil || d < 0 || d > maxNPYBytes {
-			return a, fmt.Errorf("bad shape %s", shapeText)
-		}
-		a.Shape = append(a.Shape, d)
 		if n *= d; n > maxNPYBytes {
-			return a, fmt.Errorf("shape %s is too large", shapeText)
+			return a, fmt.Errorf("shape %v is too large", h.Shape)
 		}
 	}
-	descr = strings.Trim(descr, `'"`)
-	var size int
-	var read func(b []byte) float64
-	switch descr {
-	case "<f8":
-		size, read = 8, func(b []byte) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b)) }
-	case "<f4":
-		size, read = 4, func(b []byte) float64 { return float64(math.Float32frombits(binary.LittleEndian.Uint32(b))) }
-	case "<i8":
-		size, read = 8, func(b []byte) float64 { return float64(int64(binary.LittleEndian.Uint64(b))) }
-	case "<i4":
-		size, read = 4, func(b []byte) float64 { return float64(int32(binary.LittleEndian.Uint32(b))) }
+	// npyio decodes whatever follows the header, reading past a ragged end.
+	if body.Len() != n*size {
+		return a, fmt.Errorf("%d data bytes for shape %v of %s (want %d)", body.Len(), h.Shape, h.Type, n*size)
+	}
+	if h.Fortran && len(h.Shape) > 2 {
+		return a, fmt.Errorf("fortran_order with %d dimensions not supported", len(h.Shape))
+	}
+	var arr npy.Array
+	if err := r.Read(&arr); err != nil {
+		return a, err
+	}
+	switch v := arr.Data().(type) {
+	case []float64:
+		a.Data = v
+	case []float32:
+		a.Data = toFloat64(v)
+	case []int64:
+		a.Data = toFloat64(v)
+	case []int32:
+		a.Data = toFloat64(v)
 	default:
-		return a, fmt.Errorf("dtype %s not supported (want <f8, <f4, <i8 or <i4)", descr)
+		return a, fmt.Errorf("dtype %s decoded as %T", h.Type, v)
 	}
-	if len(body) != n*size {
-		return a, fmt.Errorf("%d data bytes for shape %s of %s (want %d)", len(body), shapeText, descr, n*size)
-	}
-	a.Data = make([]float64, n)
-	for i := range a.Data {
-		a.Data[i] = read(body[i*size:])
+	a.Shape = h.Shape
+	if h.Fortran && len(h.Shape) == 2 && len(a.Data) > 0 {
+		// Column-major data is the transpose in row-major order; gonum/mat (already linked
+		// in through npyio) transposes it back.
+		t := mat.NewDense(h.Shape[1], h.Shape[0], a.Data).T()
+		a.Data = mat.DenseCopyOf(t).RawMatrix().Data
 	}
 	return a, nil
 }
 
-// headerValue finds 'key': VALUE in a .npy header dict literal; VALUE ends at the next
-// top-level comma or closing brace (a shape tuple's commas are inside parentheses).
-func headerValue(header, key string) (string, error) {
-	i := strings.Index(header, "'"+key+"'")
-	if i < 0 {
-		return "", fmt.Errorf("header has no %q", key)
+func toFloat64[T float32 | int64 | int32](v []T) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
 	}
-	rest := strings.TrimLeft(header[i+len(key)+2:], " ")
-	if !strings.HasPrefix(rest, ":") {
-		return "", fmt.Errorf("header: no ':' after %q", key)
-	}
-	rest = strings.TrimLeft(rest[1:], " ")
-	depth := 0
-	for j, c := range rest {
-		switch c {
-		case '(':
-			depth++
-		case ')':
-			depth--
-		case ',', '}':
-			if depth == 0 {
-				return strings.TrimSpace(rest[:j]), nil
-			}
-		}
-	}
-	return "", fmt.Errorf("header: value of %q does not end", key)
+	return out
 }

@@ -1,21 +1,23 @@
-// Package plot draws the harness's charts as PNG with the standard library's image packages:
-// line charts (optionally log-scaled x), scatter plots and CDFs, with axes, ticks, labels and
-// a legend in a fixed 7×13 bitmap font.
+// Package plot draws the harness's charts as PNG through gonum.org/v1/plot: line charts and
+// scatter plots over a linear or log-scaled x axis, and CDFs. It only chooses, once for every
+// bench chart, what gonum leaves open: size, colours, ticks, grid and where the legend goes.
 package plot
 
 import (
 	"fmt"
-	"image"
 	"image/color"
-	"image/png"
+	"io"
 	"math"
 	"os"
 	"slices"
 	"strconv"
 
-	"golang.org/x/image/font"
-	"golang.org/x/image/font/basicfont"
-	"golang.org/x/image/math/fixed"
+	gplot "gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // Series is one line (or set of points) of a chart.
@@ -24,11 +26,21 @@ type Series struct {
 	X, Y []float64
 }
 
-// Chart describes a chart. Width and Height default to 900 × 540.
+// Scale is how the x axis maps values.
+type Scale int
+
+const (
+	Linear Scale = iota
+	Log2         // log-scaled, ticks at powers of two (batch sizes)
+	Log10        // log-scaled, ticks at 1, 2 and 5 × 10ⁿ (latencies, whose tails span decades)
+)
+
+// Chart describes a chart. Width and Height are pixels, 900 × 540 when either is not positive.
+// Non-finite values are skipped, and so are values ≤ 0 on a log-scaled axis.
 type Chart struct {
 	Title, XLabel, YLabel string
 	Series                []Series
-	LogX                  bool // x axis in powers of two (batch sizes)
+	XScale                Scale
 	Points                bool // draw points, not lines
 	Width, Height         int
 }
@@ -39,116 +51,16 @@ var Palette = []color.RGBA{
 	{230, 159, 0, 255}, {86, 180, 233, 255}, {0, 0, 0, 255}, {240, 228, 66, 255},
 }
 
-var (
-	white = color.RGBA{255, 255, 255, 255}
-	black = color.RGBA{0, 0, 0, 255}
-	grid  = color.RGBA{225, 225, 225, 255}
-)
-
 const (
-	left, right, top, bottom = 80, 20, 58, 55
+	dpi    = 96           // 12 pt text is 16 pixels high
+	margin = vg.Length(9) // points around the chart; gonum draws up to the edges
+	// Lines with at most this many points mark them (a sweep's measurements); more (a CDF)
+	// would blur into a thick line.
+	markUpTo = 64
 )
 
-// Draw renders the chart.
-func (c Chart) Draw() *image.RGBA {
-	w, h := c.Width, c.Height
-	if w <= 0 || h <= 0 {
-		w, h = 900, 540
-	}
-	img := image.NewRGBA(image.Rect(0, 0, w, h))
-	fill(img, img.Bounds(), white)
-	xmin, xmax, ymin, ymax := c.bounds()
-	tx := func(x float64) float64 { return x }
-	if c.LogX {
-		tx = math.Log2
-	}
-	px := func(x float64) int {
-		return left + int(math.Round((tx(x)-tx(xmin))/(tx(xmax)-tx(xmin))*float64(w-left-right)))
-	}
-	py := func(y float64) int {
-		return h - bottom - int(math.Round((y-ymin)/(ymax-ymin)*float64(h-top-bottom)))
-	}
-	// Grid and ticks.
-	for _, y := range ticks(ymin, ymax) {
-		hline(img, left, w-right, py(y), grid)
-		label(img, left-6-7*len(format(y)), py(y)+4, format(y))
-	}
-	var xs []float64
-	if c.LogX {
-		for x := math.Exp2(math.Floor(math.Log2(xmin))); x <= xmax*1.0001; x *= 2 {
-			if x >= xmin*0.9999 {
-				xs = append(xs, x)
-			}
-		}
-	} else {
-		xs = ticks(xmin, xmax)
-	}
-	for _, x := range xs {
-		vline(img, px(x), top, h-bottom, grid)
-		s := format(x)
-		label(img, px(x)-7*len(s)/2, h-bottom+16, s)
-	}
-	hline(img, left, w-right, h-bottom, black)
-	vline(img, left, top, h-bottom, black)
-	label(img, (w-7*len(c.Title))/2, 22, c.Title)
-	label(img, (w-7*len(c.XLabel))/2, h-12, c.XLabel)
-	label(img, 8, top-4, c.YLabel)
-	// Data.
-	for i, s := range c.Series {
-		col := Palette[i%len(Palette)]
-		for j := range s.X {
-			if !finite(s.X[j]) || !finite(s.Y[j]) || (c.LogX && s.X[j] <= 0) {
-				continue
-			}
-			x, y := px(s.X[j]), py(s.Y[j])
-			if c.Points {
-				fill(img, image.Rect(x-1, y-1, x+2, y+2), col)
-			} else if j > 0 && finite(s.X[j-1]) && finite(s.Y[j-1]) {
-				line(img, px(s.X[j-1]), py(s.Y[j-1]), x, y, col)
-				fill(img, image.Rect(x-2, y-2, x+3, y+3), col)
-			} else {
-				fill(img, image.Rect(x-2, y-2, x+3, y+3), col)
-			}
-		}
-	}
-	// The legend: one row under the title.
-	lx := left
-	for i, s := range c.Series {
-		fill(img, image.Rect(lx, 34, lx+14, 40), Palette[i%len(Palette)])
-		label(img, lx+20, 41, s.Name)
-		lx += 20 + 7*len(s.Name) + 24
-	}
-	return img
-}
-
-// bounds are the data's extent, padded; y starts at 0 when all values are positive.
-func (c Chart) bounds() (xmin, xmax, ymin, ymax float64) {
-	xmin, ymin = math.Inf(1), math.Inf(1)
-	xmax, ymax = math.Inf(-1), math.Inf(-1)
-	for _, s := range c.Series {
-		for j := range s.X {
-			if !finite(s.X[j]) || !finite(s.Y[j]) || (c.LogX && s.X[j] <= 0) {
-				continue
-			}
-			xmin, xmax = math.Min(xmin, s.X[j]), math.Max(xmax, s.X[j])
-			ymin, ymax = math.Min(ymin, s.Y[j]), math.Max(ymax, s.Y[j])
-		}
-	}
-	if math.IsInf(xmin, 1) {
-		return 0, 1, 0, 1
-	}
-	if ymin > 0 {
-		ymin = 0
-	}
-	if xmax == xmin {
-		xmax = xmin + 1
-	}
-	if ymax == ymin {
-		ymax = ymin + 1
-	}
-	ymax += (ymax - ymin) * 0.05
-	return xmin, xmax, ymin, ymax
-}
+// sans is the text face: Liberation Sans (compiled in with gonum's fonts).
+var sans = font.Font{Typeface: "Liberation", Variant: "Sans"}
 
 // CDF turns samples into a cumulative distribution series (x: value, y: fraction ≤ x).
 func CDF(name string, values []float64) Series {
@@ -169,17 +81,133 @@ func (c Chart) SavePNG(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := png.Encode(f, c.Draw()); err != nil {
+	if err := c.WritePNG(f); err != nil {
 		f.Close()
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return f.Close()
 }
 
-func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+// WritePNG writes the chart to w as PNG.
+func (c Chart) WritePNG(w io.Writer) error {
+	img, err := c.draw()
+	if err != nil {
+		return err
+	}
+	_, err = vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
+}
 
-// ticks are about 6 round values covering [lo, hi].
-func ticks(lo, hi float64) []float64 {
+// draw renders the chart onto a new canvas.
+func (c Chart) draw() (*vgimg.Canvas, error) {
+	w, h := c.Width, c.Height
+	if w <= 0 || h <= 0 {
+		w, h = 900, 540
+	}
+	p := gplot.New()
+	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = c.Title, c.XLabel, c.YLabel
+	p.Title.Padding = vg.Points(6)
+	p.Title.TextStyle.Font = font.From(sans, 13)
+	for _, a := range []*gplot.Axis{&p.X, &p.Y} {
+		a.Label.TextStyle.Font = font.From(sans, 11)
+		a.Tick.Label.Font = font.From(sans, 10)
+	}
+	p.Legend.TextStyle.Font = font.From(sans, 11)
+	p.Add(plotter.NewGrid())
+	for i, s := range c.Series {
+		xys := c.points(s)
+		if len(xys) == 0 {
+			continue
+		}
+		col := Palette[i%len(Palette)]
+		var thumb gplot.Thumbnailer
+		if c.Points {
+			sc, err := plotter.NewScatter(xys)
+			if err != nil {
+				return nil, fmt.Errorf("series %q: %w", s.Name, err)
+			}
+			sc.GlyphStyle = draw.GlyphStyle{Color: col, Radius: vg.Points(1.5), Shape: draw.CircleGlyph{}}
+			p.Add(sc)
+			thumb = sc
+		} else {
+			l, err := plotter.NewLine(xys)
+			if err != nil {
+				return nil, fmt.Errorf("series %q: %w", s.Name, err)
+			}
+			l.LineStyle = draw.LineStyle{Color: col, Width: vg.Points(1.5)}
+			p.Add(l)
+			thumb = l
+			if len(xys) <= markUpTo {
+				sc, _ := plotter.NewScatter(xys) // the same points: cannot fail
+				sc.GlyphStyle = draw.GlyphStyle{Color: col, Radius: vg.Points(2.5), Shape: draw.CircleGlyph{}}
+				p.Add(sc)
+			}
+		}
+		// One series is named by the axis label; a legend would only hide data.
+		if len(c.Series) > 1 {
+			p.Legend.Add(s.Name, thumb)
+		}
+	}
+	c.axes(p)
+	// Rising lines (CDFs, throughput from 0) leave the lower right empty.
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Legend.XOffs, p.Legend.YOffs = -vg.Points(8), vg.Points(8)
+	img := vgimg.NewWith(vgimg.UseWH(vg.Length(w)*vg.Inch/dpi, vg.Length(h)*vg.Inch/dpi), vgimg.UseDPI(dpi))
+	dc := draw.New(img)
+	dc.SetColor(color.White) // the margin; gonum fills only what it draws in
+	dc.Fill(dc.Rectangle.Path())
+	p.Draw(draw.Crop(dc, margin, -margin, margin, -margin))
+	return img, nil
+}
+
+// points are a series' finite (and, on a log axis, positive) points.
+func (c Chart) points(s Series) plotter.XYs {
+	var xys plotter.XYs
+	for j := range min(len(s.X), len(s.Y)) {
+		x, y := s.X[j], s.Y[j]
+		if !finite(x) || !finite(y) || (c.XScale != Linear && x <= 0) {
+			continue
+		}
+		xys = append(xys, plotter.XY{X: x, Y: y})
+	}
+	return xys
+}
+
+// axes sets the ranges, the x scale and both tickers. y starts at 0 when all values are
+// positive, so heights compare.
+func (c Chart) axes(p *gplot.Plot) {
+	if math.IsInf(p.X.Min, 1) { // no data
+		p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = 0, 1, 0, 1
+		if c.XScale != Linear {
+			p.X.Min, p.X.Max = 1, 10
+		}
+	}
+	p.Y.Min = min(p.Y.Min, 0)
+	if p.Y.Max == p.Y.Min {
+		p.Y.Max = p.Y.Min + 1
+	}
+	if p.X.Max == p.X.Min {
+		p.X.Max = p.X.Min * 2
+		if p.X.Min == 0 {
+			p.X.Max = 1
+		}
+	}
+	p.Y.Tick.Marker = linearTicks{}
+	switch c.XScale {
+	case Log2:
+		p.X.Scale, p.X.Tick.Marker = gplot.LogScale{}, logTicks{base: 2}
+	case Log10:
+		p.X.Scale, p.X.Tick.Marker = gplot.LogScale{}, logTicks{base: 10}
+	default:
+		p.X.Tick.Marker = linearTicks{}
+	}
+}
+
+// linearTicks are about 6 round values (1, 2 or 5 × 10ⁿ apart) covering [lo, hi]: gonum's
+// DefaultTicks aim at 3, too few to read a value off a 900-pixel chart.
+type linearTicks struct{}
+
+func (linearTicks) Ticks(lo, hi float64) []gplot.Tick {
 	step := math.Pow(10, math.Floor(math.Log10((hi-lo)/6)))
 	for _, m := range []float64{1, 2, 5, 10} {
 		if (hi-lo)/(step*m) <= 7 {
@@ -187,11 +215,49 @@ func ticks(lo, hi float64) []float64 {
 			break
 		}
 	}
-	var out []float64
-	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9; v += step {
-		out = append(out, v)
+	var ts []gplot.Tick
+	for i := math.Ceil(lo / step); i*step <= hi+step*1e-9; i++ {
+		v := i*step + 0 // not -0
+		ts = append(ts, gplot.Tick{Value: v, Label: format(v)})
 	}
-	return out
+	return ts
+}
+
+// logTicks label powers of two (base 2), or 1, 2 and 5 × 10ⁿ (base 10; only 10ⁿ when the
+// range spans more than three decades), with unlabelled minor ticks at the other multiples
+// of 10ⁿ. A range too narrow for two labels gets linear ticks.
+type logTicks struct{ base int }
+
+func (t logTicks) Ticks(lo, hi float64) []gplot.Tick {
+	var ts []gplot.Tick
+	labels := 0
+	add := func(v float64, label bool) {
+		if v < lo*(1-1e-9) || v > hi*(1+1e-9) {
+			return
+		}
+		tk := gplot.Tick{Value: v}
+		if label {
+			tk.Label = format(v)
+			labels++
+		}
+		ts = append(ts, tk)
+	}
+	if t.base == 2 {
+		for v := math.Exp2(math.Floor(math.Log2(lo))); v <= hi*2; v *= 2 {
+			add(v, true)
+		}
+	} else {
+		wide := hi/lo > 1e3
+		for d := math.Pow(10, math.Floor(math.Log10(lo))); d <= hi; d *= 10 {
+			for m := 1.0; m < 10; m++ {
+				add(m*d, m == 1 || (!wide && (m == 2 || m == 5)))
+			}
+		}
+	}
+	if labels < 2 {
+		return linearTicks{}.Ticks(lo, hi)
+	}
+	return ts
 }
 
 func format(v float64) string {
@@ -204,53 +270,4 @@ func format(v float64) string {
 	return strconv.FormatFloat(v, 'g', 4, 64)
 }
 
-func fill(img *image.RGBA, r image.Rectangle, c color.RGBA) {
-	r = r.Intersect(img.Bounds())
-	for y := r.Min.Y; y < r.Max.Y; y++ {
-		for x := r.Min.X; x < r.Max.X; x++ {
-			img.SetRGBA(x, y, c)
-		}
-	}
-}
-
-func hline(img *image.RGBA, x0, x1, y int, c color.RGBA) { fill(img, image.Rect(x0, y, x1+1, y+1), c) }
-func vline(img *image.RGBA, x, y0, y1 int, c color.RGBA) { fill(img, image.Rect(x, y0, x+1, y1+1), c) }
-
-// line draws a 2-pixel-wide line (Bresenham).
-func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA) {
-	dx, dy := abs(x1-x0), -abs(y1-y0)
-	sx, sy := sign(x1-x0), sign(y1-y0)
-	err := dx + dy
-	for {
-		fill(img, image.Rect(x0, y0, x0+2, y0+2), c)
-		if x0 == x1 && y0 == y1 {
-			return
-		}
-		e2 := 2 * err
-		if e2 >= dy {
-			err += dy
-			x0 += sx
-		}
-		if e2 <= dx {
-			err += dx
-			y0 += sy
-		}
-	}
-}
-
-func abs(x int) int { return max(x, -x) }
-
-func sign(x int) int {
-	switch {
-	case x > 0:
-		return 1
-	case x < 0:
-		return -1
-	}
-	return 0
-}
-
-func label(img *image.RGBA, x, y int, s string) {
-	d := font.Drawer{Dst: img, Src: image.NewUniform(black), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
-	d.DrawString(s)
-}
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

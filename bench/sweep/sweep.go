@@ -119,7 +119,7 @@ func Chart(rows []Row, backend string) plot.Chart {
 		series[i].X = append(series[i].X, float64(r.Batch))
 		series[i].Y = append(series[i].Y, r.ItemsPerS)
 	}
-	return plot.Chart{Title: "encoder throughput by batch size (" + backend + ")", XLabel: "batch size", YLabel: "items/s", LogX: true, Series: series}
+	return plot.Chart{Title: "encoder throughput by batch size (" + backend + ")", XLabel: "batch size", YLabel: "items/s", XScale: plot.Log2, Series: series}
 }
 
 // Presets are random-weight encoders of real shapes (weights do not change the cost).

@@ -19,7 +19,6 @@ import (
 	"dataplane/bench/ab"
 	"dataplane/bench/loadgen"
 	"dataplane/bench/mocker"
-	"dataplane/bench/plot"
 	"dataplane/bench/sweep"
 	"dataplane/bench/synth"
 	"dataplane/cuda"
@@ -261,12 +260,7 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	var series []plot.Series
-	for _, r := range res {
-		series = append(series, plot.CDF(r.Policy+"/"+r.Encoding, r.PerRequestTTFT))
-	}
-	return plot.Chart{Title: "time to first token by routing policy", XLabel: "TTFT ms", YLabel: "fraction of requests", Series: series}.
-		SavePNG(filepath.Join(*out, "ab_ttft.png"))
+	return ab.Chart(res).SavePNG(filepath.Join(*out, "ab_ttft.png"))
 }
 
 func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
