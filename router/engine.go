@@ -2,7 +2,10 @@ package router
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
+
+	"dataplane/router/index"
 )
 
 // FeedOptions configure how KV events become index entries. DefaultFeedOptions has the defaults.
@@ -52,8 +55,8 @@ type Replayer func(from uint64, deliver func(seq uint64, payload []byte)) error
 // Engine follows one vLLM event publisher (one data-parallel rank: one KV cache) and keeps its
 // worker's index entries in step. Its methods must be called from one goroutine.
 type Engine struct {
-	ix     *Index
-	worker Worker
+	ix     *index.Index
+	worker index.Worker
 	opts   *FeedOptions
 	stats  *FeedStats
 	hasher *Hasher
@@ -78,7 +81,7 @@ type engineBlock struct {
 }
 
 // NewEngine follows an engine whose blocks go to worker w of ix.
-func NewEngine(ix *Index, w Worker, opts *FeedOptions, stats *FeedStats) (*Engine, error) {
+func NewEngine(ix *index.Index, w index.Worker, opts *FeedOptions, stats *FeedStats) (*Engine, error) {
 	h, err := NewHasher(opts.BlockSize)
 	if err != nil {
 		return nil, err
@@ -93,7 +96,7 @@ func NewEngine(ix *Index, w Worker, opts *FeedOptions, stats *FeedStats) (*Engin
 }
 
 // Worker is the index slot this engine's blocks are recorded under.
-func (e *Engine) Worker() Worker { return e.worker }
+func (e *Engine) Worker() index.Worker { return e.worker }
 
 // Live handles one batch from the live stream. Sequence numbers count batches per publisher
 // from 0: the next one is applied; a repeat is ignored; a jump ahead is a gap, filled from
@@ -274,7 +277,7 @@ func (e *Engine) store(ev *Event, tier int) {
 		parent = h
 		e.seqs = append(e.seqs, h)
 	}
-	e.keys = resize(e.keys, len(e.seqs))
+	e.keys = slices.Grow(e.keys[:0], len(e.seqs))[:len(e.seqs)]
 	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, parentKey, e.seqs, e.keys)))
 	for i, eh := range ev.Hashes {
 		b, known := e.lookup(eh)
@@ -283,39 +286,11 @@ func (e *Engine) store(ev *Event, tier int) {
 			if i > 0 {
 				pk = e.keys[i-1]
 			}
-			b.tiers = moveKey(e.ix, e.worker, b.tiers, b.key, pk, e.seqs[i], e.keys[i], tier)
+			b.tiers = e.ix.MoveKey(e.worker, b.tiers, b.key, pk, e.seqs[i], e.keys[i], tier)
 		}
 		b.seq, b.key, b.seed, b.tiers = e.seqs[i], e.keys[i], seed, b.tiers|1<<tier
 		e.remember(eh, b)
 	}
-}
-
-// moveKey handles a block (sequence hash seq, parent key pk) that worker w just stored on tier
-// under key, and held on the tiers in held under another key, old (a cap evicted a block
-// before it, and this time a sibling decided otherwise: keys.go). The worker's bits at the old
-// key would never be removed, so they go; its other tiers are stored under the new key. It
-// returns the tiers the worker now holds the block on besides tier. Engine.store calls it, and
-// so does the model test's engine.
-func moveKey(ix *Index, w Worker, held uint8, old, pk, seq, key uint64, tier int) uint8 {
-	var moved uint8
-	for t := range ix.Options().Tiers {
-		if held&(1<<t) == 0 {
-			continue
-		}
-		ix.Remove(w, t, []uint64{old})
-		if t == tier {
-			continue
-		}
-		var k [1]uint64
-		ix.Store(w, t, pk, []uint64{seq}, k[:])
-		if k[0] != key { // the index changed meanwhile (a cap evicted the block at key, or another
-			// engine's sibling came or went): drop the tier rather than track two keys
-			ix.Remove(w, t, k[:])
-			continue
-		}
-		moved |= 1 << t
-	}
-	return moved
 }
 
 func (e *Engine) remove(ev *Event, tier int) {

@@ -5,20 +5,23 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/index"
+	"dataplane/router/internal/testrand"
 )
 
 type engineRig struct {
-	ix    *Index
-	w     Worker
+	ix    *index.Index
+	w     index.Worker
 	eng   *Engine
 	stats *FeedStats
 	opts  FeedOptions
 }
 
 func newEngineRig(t *testing.T, tiers int, media map[string]int) *engineRig {
-	o := DefaultIndexOptions()
+	o := index.DefaultOptions()
 	o.Tiers = tiers
-	ix, err := NewIndex(o)
+	ix, err := index.New(o)
 	require.NoError(t, err)
 	rig := &engineRig{ix: ix, stats: &FeedStats{}, opts: DefaultFeedOptions()}
 	if media != nil {
@@ -31,7 +34,7 @@ func newEngineRig(t *testing.T, tiers int, media map[string]int) *engineRig {
 }
 
 func (g *engineRig) overlap(hs []uint64, tier int) int {
-	var m Match
+	var m index.Match
 	g.ix.Match(hs, &m)
 	return m.Blocks(g.w, tier)
 }
@@ -40,7 +43,7 @@ func (g *engineRig) overlap(hs []uint64, tier int) int {
 // the cache salt) equal the hashes of the same prompt sent to the router with the same LoRA,
 // salt and media: the two sides meet in the index.
 func TestEngineHashesMeetRequestHashes(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newEngineRig(t, 1, nil)
 	c := newConvo(r, 4)
 	const lora, salt, img = "adapter-7", "tenant-a", "img-uuid-1"
@@ -87,7 +90,7 @@ func TestEngineHashesMeetRequestHashes(t *testing.T) {
 }
 
 func TestEngineFiltersAndMistakes(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newEngineRig(t, 2, map[string]int{"GPU": 0, "CPU": 1})
 	c := newConvo(r, 4)
 	batch := func(events ...func(e *msgpackEncoder)) []byte {
@@ -159,7 +162,7 @@ func TestEngineFiltersAndMistakes(t *testing.T) {
 
 // The engine-hash map is bounded: past MaxEngineBlocks the oldest generation is forgotten.
 func TestEngineHashMapBounded(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newEngineRig(t, 1, nil)
 	g.opts.MaxEngineBlocks = 8
 	for i := range 20 {
@@ -190,7 +193,7 @@ func FuzzEngineLive(f *testing.F) {
 	e.array(3).str("BlockRemoved").array(1).uint(9).str("GPU")
 	f.Add(uint64(3), e.b)
 	f.Fuzz(func(t *testing.T, seq uint64, payload []byte) {
-		ix, _ := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 2, Shards: 2})
+		ix, _ := index.New(index.Options{MaxWorkers: 64, Tiers: 2, Shards: 2})
 		w, _ := ix.AddWorker(0)
 		opts := DefaultFeedOptions()
 		opts.Media = map[string]int{"GPU": 0, "CPU": 1}
@@ -215,7 +218,7 @@ func FuzzEngineLive(f *testing.F) {
 // parent, and this time no sibling stood in the parent's way: keys.go) moves: the worker's bits
 // at the old key go, nothing leaks there, and the tiers it still holds it on come along.
 func TestEngineRestoreMovesKey(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newEngineRig(t, 2, map[string]int{"GPU": 0, "CPU": 1})
 	ix, w, e := g.ix, g.w, g.eng
 	x, err := ix.AddWorker(0)
@@ -243,9 +246,10 @@ func TestEngineRestoreMovesKey(t *testing.T) {
 	}
 	stored(0, 3, "GPU")
 	stored(0, 3, "CPU")
+	a0, _ := e.lookup(c.engine[0])
 	p1, _ := e.lookup(c.engine[1])
 	b2, _ := e.lookup(c.engine[2])
-	require.NotZero(t, p1.key&branchBit, "p1 went to its branch key")
+	require.Equal(t, index.BranchKey(index.ChildKey(a0.key, c.ours[1]), c.ours[1]), p1.key, "p1 went to its branch key")
 	require.Equal(t, 3, g.overlap(c.ours, 0))
 
 	// A cap evicts p1 on both tiers behind the engine's back; then the sibling goes away.

@@ -18,7 +18,7 @@ import (
 //	seq[i]   = xxh3(LE u64 seq[i-1] ‖ LE u64 local[i], 1337)
 //
 // Only full blocks are hashed. The index is keyed by index keys derived from seq hashes
-// (keys.go).
+// (router/index/keys.go).
 
 // HashSeed is Dynamo's XXH3 seed for block and chain hashes.
 const HashSeed uint64 = 1337

@@ -14,10 +14,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
+
+	"dataplane/router/internal/testrand"
 )
 
 func TestHTTPAPI(t *testing.T) {
-	rnd := newRand(t)
+	rnd := testrand.New(t)
 	r, _ := newTestRouter(t, "w1", "w2")
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewCollector(r))
@@ -40,7 +42,7 @@ func TestHTTPAPI(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 
-	prompt := tokensN(rnd, 100)
+	prompt := testrand.Tokens(rnd, 100)
 	h2, _ := NewHasher(16)
 	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", "t1"), []Media{{Hash: MediaHash("cat.png"), Offset: 10, Length: 20}})
 	r.Index().Store(r.find("w2").slot, 0, 0, hashes[:5], nil)
@@ -125,7 +127,7 @@ func TestHTTPDebugRouteAndLog(t *testing.T) {
 	code, _, out := get("/debug/route")
 	require.Equal(t, 404, code, out)
 
-	prompt := tokensN(newRand(t), 64)
+	prompt := testrand.Tokens(testrand.New(t), 64)
 	h2, _ := NewHasher(16)
 	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", ""), nil)
 	r.Index().Store(r.find("w1").slot, 0, 0, hashes[:3], nil)

@@ -7,12 +7,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/internal/testrand"
 )
 
 // Our engines' events over a real (embedded) NATS server on loopback: in order, a duplicate, a
 // gap (no replay on core NATS: the worker's state is dropped), an unknown worker.
 func TestNATSEndToEnd(t *testing.T) {
-	rnd := newRand(t)
+	rnd := testrand.New(t)
 	srv, err := StartEmbeddedNATS("127.0.0.1:0")
 	require.NoError(t, err)
 	defer srv.Shutdown()

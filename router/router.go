@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"dataplane/router/index"
 )
 
 // Options configure a Router. DefaultOptions has every default.
@@ -15,7 +17,7 @@ type Options struct {
 	BlockSize       int            // tokens per KV block, as the engines use (vLLM --block-size); 16
 	OverlapWeight   float64        // weight of prefill blocks against decode blocks in the cost; 1
 	Temperature     float64        // 0: cheapest worker; > 0: softmax over normalised costs; 0
-	Index           IndexOptions   // DefaultIndexOptions: 64 workers, device tier only, 256 shards
+	Index           index.Options  // DefaultIndexOptions: 64 workers, device tier only, 256 shards
 	Media           map[string]int // event medium → index tier; {"GPU": 0}
 	Capacity        int64          // default per-worker cap on index blocks per tier (0: none); 0
 	RequestTTL      time.Duration  // in-flight requests older than this are dropped; 5m (Dynamo's)
@@ -27,7 +29,7 @@ type Options struct {
 // DefaultOptions are the defaults above.
 func DefaultOptions() Options {
 	f := DefaultFeedOptions()
-	return Options{BlockSize: 16, OverlapWeight: 1, Index: DefaultIndexOptions(), Media: f.Media,
+	return Options{BlockSize: 16, OverlapWeight: 1, Index: index.DefaultOptions(), Media: f.Media,
 		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, MaxEngineBlocks: f.MaxEngineBlocks}
 }
 
@@ -37,7 +39,7 @@ func DefaultOptions() Options {
 type Router struct {
 	opts  Options
 	feed  FeedOptions
-	ix    *Index
+	ix    *index.Index
 	slots *Slots
 	stats FeedStats
 
@@ -53,7 +55,7 @@ type Router struct {
 
 type worker struct {
 	name    string
-	slot    Worker
+	slot    index.Worker
 	healthy atomic.Bool
 	engine  *Engine // the engine feeding its index entries, if any
 }
@@ -78,7 +80,7 @@ func New(opts Options) (*Router, error) {
 	if opts.OverlapWeight < 0 || opts.Temperature < 0 {
 		return nil, fmt.Errorf("router options: overlap weight %v and temperature %v must not be negative", opts.OverlapWeight, opts.Temperature)
 	}
-	ix, err := NewIndex(opts.Index)
+	ix, err := index.New(opts.Index)
 	if err != nil {
 		return nil, err
 	}
@@ -103,11 +105,11 @@ func New(opts Options) (*Router, error) {
 }
 
 // Index, Slots and Stats expose the parts (for metrics and debugging).
-func (r *Router) Index() *Index     { return r.ix }
-func (r *Router) Slots() *Slots     { return r.slots }
-func (r *Router) Stats() *FeedStats { return &r.stats }
-func (r *Router) Options() Options  { return r.opts }
-func (r *Router) Decisions() int64  { return r.decisions.Load() }
+func (r *Router) Index() *index.Index { return r.ix }
+func (r *Router) Slots() *Slots       { return r.slots }
+func (r *Router) Stats() *FeedStats   { return &r.stats }
+func (r *Router) Options() Options    { return r.opts }
+func (r *Router) Decisions() int64    { return r.decisions.Load() }
 
 // AddWorker registers a healthy worker and returns the engine that keeps its index entries
 // from its KV events (feed it with Engine.Live, or hand it to SubscribeZMQ).
@@ -219,7 +221,7 @@ type Decision struct {
 // scratch is per-call state Decide takes from a pool.
 type scratch struct {
 	hasher         *Hasher
-	cached, active Match
+	cached, active index.Match
 }
 
 func newScratch(blockSize int) *scratch {
@@ -245,7 +247,7 @@ func (r *Router) Decide(req Request, d *Decision) error {
 	total := (isl + bs - 1) / bs
 	workers := *r.workers.Load()
 	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), isl, hashes
-	d.Scores = resize(d.Scores, len(workers))
+	d.Scores = slices.Grow(d.Scores[:0], len(workers))[:len(workers)]
 	lastTier := r.opts.Index.Tiers - 1
 	for i, w := range workers {
 		s := &d.Scores[i]
@@ -314,13 +316,13 @@ func (r *Router) Expire(now time.Time) int { return r.slots.Expire(now) }
 
 // WorkerLoad is a worker's row in Snapshot.
 type WorkerLoad struct {
-	Worker        string  `json:"worker"`
-	Slot          Worker  `json:"slot"`
-	Healthy       bool    `json:"healthy"`
-	Blocks        []int64 `json:"cached_blocks"` // index blocks held, per tier
-	ActiveBlocks  int64   `json:"active_blocks"`
-	PrefillTokens int64   `json:"prefill_tokens"`
-	Requests      int64   `json:"requests"`
+	Worker        string       `json:"worker"`
+	Slot          index.Worker `json:"slot"`
+	Healthy       bool         `json:"healthy"`
+	Blocks        []int64      `json:"cached_blocks"` // index blocks held, per tier
+	ActiveBlocks  int64        `json:"active_blocks"`
+	PrefillTokens int64        `json:"prefill_tokens"`
+	Requests      int64        `json:"requests"`
 }
 
 // Snapshot reports every worker's state (for metrics and debugging).

@@ -9,15 +9,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-)
 
-func tokensN(r interface{ Uint32N(uint32) uint32 }, n int) []uint32 {
-	out := make([]uint32, n)
-	for i := range out {
-		out[i] = r.Uint32N(100_000)
-	}
-	return out
-}
+	"dataplane/router/index"
+	"dataplane/router/internal/testrand"
+)
 
 func newTestRouter(t *testing.T, names ...string) (*Router, map[string]*Engine) {
 	opts := DefaultOptions()
@@ -53,16 +48,16 @@ func scoreOf(t *testing.T, d Decision, name string) WorkerScore {
 // The cost is Dynamo's: weight × (outstanding + uncached prefill tokens) / block size + active
 // blocks + this prompt's blocks not active there; each term is checked by hand.
 func TestDecideCostAndExplanation(t *testing.T) {
-	rnd := newRand(t)
+	rnd := testrand.New(t)
 	r, _ := newTestRouter(t, "a", "b", "c")
-	prompt := tokensN(rnd, 16*10+5) // 10 full blocks and a partial one
+	prompt := testrand.Tokens(rnd, 16*10+5) // 10 full blocks and a partial one
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
 	r.Index().Store(r.find("a").slot, 0, 0, hashes[:6], nil) // a caches 6 blocks
 	r.Index().Store(r.find("b").slot, 0, 0, hashes[:2], nil)
 
 	// b already serves a request sharing the first 4 blocks, not yet past prefill.
-	other := append(append([]uint32(nil), prompt[:64]...), tokensN(rnd, 40)...)
+	other := append(append([]uint32(nil), prompt[:64]...), testrand.Tokens(rnd, 40)...)
 	od, err := decide(r, Request{Tokens: other})
 	require.NoError(t, err)
 	require.NoError(t, r.Start("r1", od, "b", time.Now()))
@@ -102,13 +97,13 @@ func TestDecideCostAndExplanation(t *testing.T) {
 // it twice, as prefill and as active blocks); once the encode outlasts a's backlog, that backlog
 // is free and a's cache wins. Every term is checked by hand.
 func TestEncodeWaitHidesBacklog(t *testing.T) {
-	rnd := newRand(t)
+	rnd := testrand.New(t)
 	r, _ := newTestRouter(t, "a", "b")
-	prompt := tokensN(rnd, 16*20) // 20 blocks
+	prompt := testrand.Tokens(rnd, 16*20) // 20 blocks
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
 	r.Index().Store(r.find("a").slot, 0, 0, hashes, nil)
-	busy, err := decide(r, Request{Tokens: tokensN(rnd, 16*14)})
+	busy, err := decide(r, Request{Tokens: testrand.Tokens(rnd, 16*14)})
 	require.NoError(t, err)
 	require.NoError(t, r.Start("busy", busy, "a", time.Now()))
 
@@ -132,9 +127,9 @@ func TestEncodeWaitHidesBacklog(t *testing.T) {
 }
 
 func TestDecideFiltersAndTies(t *testing.T) {
-	rnd := newRand(t)
+	rnd := testrand.New(t)
 	r, _ := newTestRouter(t, "x", "y", "z")
-	prompt := tokensN(rnd, 64)
+	prompt := testrand.Tokens(rnd, 64)
 	d, err := decide(r, Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Equal(t, "x", d.Worker, "equal costs and overlaps: the smallest name")
@@ -184,7 +179,7 @@ func TestChooseSoftmax(t *testing.T) {
 	require.Equal(t, 0, Choose(scores, temp, 0.1))
 
 	// Empirically, draws follow the probabilities.
-	rnd := newRand(t)
+	rnd := testrand.New(t)
 	counts := make([]int, 4)
 	for range 20000 {
 		counts[Choose(scores, temp, rnd.Float64())]++
@@ -203,7 +198,7 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	s, err := NewSlots(64, 16, time.Minute, 3)
 	require.NoError(t, err)
 	t0 := time.Now()
-	h := randomHashes(newRand(t), 4)
+	h := testrand.Hashes(testrand.New(t), 4)
 	a, b := h[:3], []uint64{h[0], h[1], h[3]}
 	require.NoError(t, s.Start("a", 1, a, 48, 48, t0))
 	require.NoError(t, s.Start("b", 1, b, 50, 20, t0.Add(time.Second)))
@@ -213,7 +208,7 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	require.Equal(t, int64(4+1), blocks, "blocks 1-4 once, plus b's partial block")
 	require.Equal(t, int64(68), prefill)
 	require.Equal(t, int64(2), reqs)
-	var m Match
+	var m index.Match
 	s.ActiveMatch(a, &m)
 	require.Equal(t, 3, m.Blocks(1, 0))
 	require.True(t, s.Finish("a"))
@@ -238,23 +233,23 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 // a prompt agree with the model throughout (through the ref-count table's growth and shrinking),
 // and nothing is left once every request has finished.
 func TestSlotsAgainstModel(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	s, err := NewSlots(128, 16, time.Hour, 10_000)
 	require.NoError(t, err)
 	prefixes := make([][]uint64, 8)
 	for i := range prefixes {
-		prefixes[i] = randomHashes(r, 1+r.IntN(300))
+		prefixes[i] = testrand.Hashes(r, 1+r.IntN(300))
 	}
 	type req struct {
-		w    Worker
+		w    index.Worker
 		seqs []uint64
 	}
 	reqs := map[string]req{}
-	refs := map[Worker]map[uint64]int{}
+	refs := map[index.Worker]map[uint64]int{}
 	now := time.Now()
 	check := func(probe []uint64) {
 		t.Helper()
-		var m Match
+		var m index.Match
 		s.ActiveMatch(probe, &m)
 		for w, counts := range refs {
 			blocks, _, _ := s.Load(w)
@@ -268,9 +263,9 @@ func TestSlotsAgainstModel(t *testing.T) {
 	}
 	for step := range 3000 {
 		if len(reqs) == 0 || r.IntN(5) < 3 {
-			w := Worker([]int{0, 5, 64, 127}[r.IntN(4)])
+			w := index.Worker([]int{0, 5, 64, 127}[r.IntN(4)])
 			p := prefixes[r.IntN(len(prefixes))]
-			seqs := append(slices.Clone(p[:1+r.IntN(len(p))]), randomHashes(r, r.IntN(200))...)
+			seqs := append(slices.Clone(p[:1+r.IntN(len(p))]), testrand.Hashes(r, r.IntN(200))...)
 			id := fmt.Sprint("r", step)
 			require.NoError(t, s.Start(id, w, seqs, len(seqs)*16, 0, now))
 			reqs[id] = req{w, seqs}
@@ -300,7 +295,7 @@ func TestSlotsAgainstModel(t *testing.T) {
 	for id := range reqs {
 		require.True(t, s.Finish(id))
 	}
-	require.Zero(t, s.refs.len())
+	require.Zero(t, s.refs.Len())
 	require.Zero(t, s.active.Blocks())
 	for w := range refs {
 		blocks, _, reqs := s.Load(w)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/zeebo/xxh3"
+
+	"dataplane/router/index"
 )
 
 // Hashing a 4,096-token prompt into 256 sequence hashes, against XXH3 over the same 16 KiB in
@@ -70,7 +72,7 @@ func BenchmarkDecide4K(b *testing.B) {
 		}
 		prompts = append(prompts, p)
 	}
-	var m Match
+	var m index.Match
 	var hs []uint64
 	var d Decision
 	var decide, parts time.Duration
@@ -95,7 +97,7 @@ func BenchmarkDecide4K(b *testing.B) {
 // against decoding the same two payloads alone. x-decode is decode time over apply time.
 func BenchmarkEngineApply(b *testing.B) {
 	rnd := rand.New(rand.NewPCG(7, 8))
-	ix, _ := NewIndex(DefaultIndexOptions())
+	ix, _ := index.New(index.DefaultOptions())
 	w, _ := ix.AddWorker(0)
 	opts := DefaultFeedOptions()
 	var stats FeedStats
@@ -146,7 +148,7 @@ func BenchmarkEngineApply(b *testing.B) {
 
 // A large fleet: a router for 1,024 workers (16 mask words per block) routing 12,000-token
 // prompts (750 blocks), each cached on 4 workers, with 256 requests in flight: Decide, Start and
-// Finish per request. The ref counting that Start and Finish do (Slots' refCounts) is timed
+// Finish per request. The ref counting that Start and Finish do (Slots' index.Counts) is timed
 // again beside the same counting in a Go map keyed by (block, worker), fed the same requests
 // and holding the same counts: x-map is the map's time over ours.
 func BenchmarkRoute1024(b *testing.B) {
@@ -184,11 +186,11 @@ func BenchmarkRoute1024(b *testing.B) {
 		ids[i] = fmt.Sprint("req-", i)
 	}
 	type flight struct {
-		w    Worker
+		w    index.Worker
 		seqs []uint64
 	}
 	ring := make([]flight, inFlight)
-	ours, theirs := newRefCounts(), map[mapRefKey]int32{}
+	ours, theirs := index.NewCounts(), map[mapRefKey]int32{}
 	var gone []uint64
 	var d Decision
 	var decide, start, finish, oursRefs, mapRefs time.Duration
@@ -201,7 +203,7 @@ func BenchmarkRoute1024(b *testing.B) {
 			finish += time.Since(t0)
 			f := ring[slot]
 			t1 := time.Now()
-			gone = ours.decr(f.seqs, f.seqs, f.w, gone[:0])
+			gone = ours.Decr(f.seqs, f.seqs, f.w, gone[:0])
 			t2 := time.Now()
 			for _, h := range f.seqs {
 				k := mapRefKey{h, f.w}
@@ -226,7 +228,7 @@ func BenchmarkRoute1024(b *testing.B) {
 		w := r.find(d.Worker).slot
 		ring[slot] = flight{w, append(ring[slot].seqs[:0], d.Hashes...)}
 		t3 := time.Now()
-		ours.incr(ring[slot].seqs, w)
+		ours.Incr(ring[slot].seqs, w)
 		t4 := time.Now()
 		for _, h := range ring[slot].seqs {
 			theirs[mapRefKey{h, w}]++
@@ -244,5 +246,5 @@ func BenchmarkRoute1024(b *testing.B) {
 
 type mapRefKey struct {
 	hash   uint64
-	worker Worker
+	worker index.Worker
 }

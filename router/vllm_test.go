@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/internal/testrand"
 )
 
 type wantEvent struct {
@@ -143,7 +145,7 @@ func unknownEvent(e *msgpackEncoder, asMap bool) {
 // An event of an unknown type is skipped and counted; the events around it decode and, through
 // an Engine, apply, in both the tagged-array and the map layout, in array and map batches.
 func TestDecodeBatchSkipsUnknownEvents(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	for _, asMap := range []bool{false, true} {
 		c := newConvo(r, 6)
 		payload := batchOf(asMap, func(e *msgpackEncoder) {

@@ -11,6 +11,9 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/index"
+	"dataplane/router/internal/testrand"
 )
 
 // fakeVLLM publishes like vllm's ZmqEventPublisher: PUB frames [topic, seq, payload], a replay
@@ -189,8 +192,8 @@ func batchOf(asMap bool, events func(e *msgpackEncoder), n int) []byte {
 // loopback, the subscriber connected.
 type zmqRig struct {
 	vllm   *fakeVLLM
-	ix     *Index
-	w      Worker
+	ix     *index.Index
+	w      index.Worker
 	stats  FeedStats
 	cancel context.CancelFunc
 	done   chan error
@@ -202,7 +205,7 @@ func newZMQRig(t *testing.T) *zmqRig {
 	g := &zmqRig{vllm: newFakeVLLM(t, ctx), cancel: cancel, done: make(chan error, 1)}
 	pubEP, replayEP := g.vllm.endpoints()
 	var err error
-	g.ix, err = NewIndex(DefaultIndexOptions())
+	g.ix, err = index.New(index.DefaultOptions())
 	require.NoError(t, err)
 	g.w, _ = g.ix.AddWorker(0)
 	opts := DefaultFeedOptions()
@@ -223,7 +226,7 @@ func newZMQRig(t *testing.T) *zmqRig {
 
 // overlap is how many leading blocks of c the worker holds, by the index.
 func (g *zmqRig) overlap(c *convo) int {
-	var m Match
+	var m index.Match
 	g.ix.Match(c.ours, &m)
 	return m.Blocks(g.w, 0)
 }
@@ -244,7 +247,7 @@ func (g *zmqRig) stop() {
 // End to end over real ZMQ on loopback: both encodings, a dropped batch that replay recovers, a
 // duplicate, a garbage payload, an engine restart; the index answers what vLLM holds.
 func TestZMQEndToEnd(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newZMQRig(t)
 	vllm, ix, w, stats, overlap := g.vllm, g.ix, g.w, &g.stats, g.overlap
 
@@ -304,7 +307,7 @@ func TestZMQEndToEnd(t *testing.T) {
 // order (batches that only apply on top of the one before), each once, although the replay's
 // answer repeats them too.
 func TestZMQLiveBatchesDuringReplay(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newZMQRig(t)
 	vllm, ix, w, stats, overlap := g.vllm, g.ix, g.w, &g.stats, g.overlap
 

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"dataplane/router"
+	"dataplane/router/index"
 )
 
 // multimodalWorkload is workload with media items (shared across requests, so media blocks are
@@ -109,9 +110,9 @@ func cached(e *Engine) []uint64 {
 // engine's KV cache holds (blocks, from cached): the engine holds each cached block's whole
 // chain (it evicts a sequence from its tail), the router matches every such chain in full for
 // the worker, and the router's count of the worker's blocks is the engine's count.
-func sameCache(t *testing.T, r *router.Router, slot router.Worker, blocks []uint64, k *blockChains) {
+func sameCache(t *testing.T, r *router.Router, slot index.Worker, blocks []uint64, k *blockChains) {
 	t.Helper()
-	var m router.Match
+	var m index.Match
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	inCache := map[uint64]bool{}
@@ -289,7 +290,7 @@ func TestEventsOverNATS(t *testing.T) {
 	require.NoError(t, err)
 	rt, err := router.New(router.DefaultOptions())
 	require.NoError(t, err)
-	slots := map[string]router.Worker{}
+	slots := map[string]index.Worker{}
 	for i := range f.Len() {
 		feed, err := rt.AddWorker(f.Engine(i).Name())
 		require.NoError(t, err)
