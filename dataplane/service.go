@@ -20,6 +20,7 @@ import (
 	"dataplane/dataplane/worker"
 	"dataplane/features"
 	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // ServiceOptions configure the request path. DefaultServiceOptions has every default.
@@ -29,6 +30,7 @@ type ServiceOptions struct {
 	Features  features.Options
 	Pool      encoderpool.Options
 	Router    router.Options
+	KVEvents  kvevents.Options
 	Fetch     fetch.Options
 	Limits    openai.Limits
 	Media     media.Options
@@ -62,6 +64,7 @@ func DefaultServiceOptions() ServiceOptions {
 		Features:               fo,
 		Pool:                   encoderpool.DefaultOptions(),
 		Router:                 ro,
+		KVEvents:               kvevents.DefaultOptions(),
 		Limits:                 openai.DefaultLimits(),
 		MediaKey:               "default",
 		MaxMediaBytes:          32 << 20,
@@ -83,6 +86,7 @@ type Service struct {
 	store   *features.Store
 	pool    *encoderpool.Pool
 	router  *router.Router
+	feed    *kvevents.Feed
 	fetcher *fetch.Fetcher
 	uuids   *uuidTable
 	metrics *serviceMetrics
@@ -132,6 +136,10 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		s.closePieces()
 		return nil, err
 	}
+	if s.feed, err = kvevents.NewFeed(s.router, opts.KVEvents); err != nil {
+		s.closePieces()
+		return nil, err
+	}
 	s.metrics = newServiceMetrics()
 	po := opts.Pool
 	po.Observe = s.metrics.observeBatch
@@ -140,14 +148,14 @@ func NewService(opts ServiceOptions) (*Service, error) {
 }
 
 // AddWorker puts an LLM worker behind the router; its KV events come through the returned
-// engine (the caller feeds it, e.g. router.SubscribeZMQ or a mocker's sink).
-func (s *Service) AddWorker(w worker.Worker) (*router.Engine, error) {
+// engine (the caller feeds it, e.g. kvevents.SubscribeZMQ or a mocker's sink).
+func (s *Service) AddWorker(w worker.Worker) (*kvevents.Engine, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.workers[w.Name()]; dup {
 		return nil, fmt.Errorf("worker %q added twice", w.Name())
 	}
-	e, err := s.router.AddWorker(w.Name())
+	e, err := s.feed.AddWorker(w.Name())
 	if err != nil {
 		return nil, err
 	}
@@ -158,14 +166,17 @@ func (s *Service) AddWorker(w worker.Worker) (*router.Engine, error) {
 // Router is the service's router (for metrics and the debug endpoint).
 func (s *Service) Router() *router.Router { return s.router }
 
+// Feed keeps the router's index in step with the workers' KV events.
+func (s *Service) Feed() *kvevents.Feed { return s.feed }
+
 // Models and Tokenizer are what the service serves with.
 func (s *Service) Models() *Models { return s.models }
 func (s *Service) Tokenizer() *Tok { return s.tok }
 
 // Collectors are the service's Prometheus collectors: its own, the feature store's and the
-// router's.
+// router's (its KV events' counters included).
 func (s *Service) Collectors() []prometheus.Collector {
-	return append(s.metrics.collectors(), s.store.Collector(), router.NewCollector(s.router))
+	return append(s.metrics.collectors(), s.store.Collector(), router.NewCollector(s.router), kvevents.NewCollector(s.feed))
 }
 
 // Ready says whether the service can take requests (an error says why not).

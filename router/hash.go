@@ -2,8 +2,10 @@ package router
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"slices"
+	"strconv"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -167,4 +169,25 @@ func (h *Hasher) Sequence(dst []uint64, tokens []uint32, seed uint64, media []Me
 	}
 	Chain(dst[n:], 0, false)
 	return dst, nil
+}
+
+// MediaHash maps a media identifier to the 64-bit hash appended to block hashes, as Dynamo's
+// hash_mm_identifier does: vLLM's 64-hex-digit digests keep their first 16 hex digits; other
+// identifiers (user uuids) are hashed with XXH3.
+func MediaHash(id string) uint64 {
+	if IsMediaDigest(id) {
+		v, _ := strconv.ParseUint(id[:16], 16, 64)
+		return v
+	}
+	return xxh3.HashString(id)
+}
+
+// IsMediaDigest reports whether a media identifier is one of vLLM's digests (64 hex digits),
+// which MediaHash shortens rather than hashes.
+func IsMediaDigest(id string) bool {
+	if len(id) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
 }

@@ -20,7 +20,7 @@ import (
 
 func TestHTTPAPI(t *testing.T) {
 	rnd := testrand.New(t)
-	r, _ := newTestRouter(t, "w1", "w2")
+	r := newTestRouter(t, "w1", "w2")
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewCollector(r))
 	h := NewHTTPHandler(r, reg)
@@ -55,7 +55,7 @@ func TestHTTPAPI(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &d))
 	require.Equal(t, "w2", d.Worker)
 	require.Equal(t, 6, d.Blocks)
-	require.Equal(t, 5, scoreOf(t, d, "w2").Overlap)
+	require.Equal(t, 5, d.Score("w2").Overlap)
 	_, _, reqs := r.Slots().Load(r.find("w2").slot)
 	require.Equal(t, int64(1), reqs)
 
@@ -102,7 +102,7 @@ func TestHTTPAPI(t *testing.T) {
 // GET /debug/route explains the last decision or one by request id, and each decision is logged
 // in one line at debug level.
 func TestHTTPDebugRouteAndLog(t *testing.T) {
-	r, _ := newTestRouter(t, "w1", "w2")
+	r := newTestRouter(t, "w1", "w2")
 	h := NewHTTPHandler(r, prometheus.NewRegistry())
 	var logs bytes.Buffer
 	h.SetLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -146,7 +146,7 @@ func TestHTTPDebugRouteAndLog(t *testing.T) {
 	require.Equal(t, 200, code, out)
 	require.Equal(t, "a", first.RequestID)
 	require.Equal(t, "w1", first.Decision.Worker)
-	require.Equal(t, 3, scoreOf(t, first.Decision, "w1").Overlap)
+	require.Equal(t, 3, first.Decision.Score("w1").Overlap)
 	require.Empty(t, first.Decision.Hashes)
 	code, _, out = get("/debug/route?request_id=zzz")
 	require.Equal(t, 404, code)

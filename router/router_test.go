@@ -14,18 +14,16 @@ import (
 	"dataplane/router/internal/testrand"
 )
 
-func newTestRouter(t *testing.T, names ...string) (*Router, map[string]*Engine) {
+func newTestRouter(t *testing.T, names ...string) *Router {
 	opts := DefaultOptions()
 	opts.Seed = 1
 	r, err := New(opts)
 	require.NoError(t, err)
-	engines := map[string]*Engine{}
 	for _, n := range names {
-		e, err := r.AddWorker(n)
+		_, err := r.AddWorker(n)
 		require.NoError(t, err)
-		engines[n] = e
 	}
-	return r, engines
+	return r
 }
 
 // decide is Decide into a fresh Decision.
@@ -35,21 +33,11 @@ func decide(r *Router, req Request) (Decision, error) {
 	return d, err
 }
 
-func scoreOf(t *testing.T, d Decision, name string) WorkerScore {
-	for _, s := range d.Scores {
-		if s.Worker == name {
-			return s
-		}
-	}
-	t.Fatalf("no score for %s", name)
-	return WorkerScore{}
-}
-
 // The cost is Dynamo's: weight × (outstanding + uncached prefill tokens) / block size + active
 // blocks + this prompt's blocks not active there; each term is checked by hand.
 func TestDecideCostAndExplanation(t *testing.T) {
 	rnd := testrand.New(t)
-	r, _ := newTestRouter(t, "a", "b", "c")
+	r := newTestRouter(t, "a", "b", "c")
 	prompt := testrand.Tokens(rnd, 16*10+5) // 10 full blocks and a partial one
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
@@ -65,7 +53,7 @@ func TestDecideCostAndExplanation(t *testing.T) {
 	d, err := decide(r, Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Equal(t, 10, d.Blocks)
-	a, b, c := scoreOf(t, d, "a"), scoreOf(t, d, "b"), scoreOf(t, d, "c")
+	a, b, c := d.Score("a"), d.Score("b"), d.Score("c")
 	require.Equal(t, 6, a.Overlap)
 	require.Equal(t, 165-96, a.Uncached)
 	require.Equal(t, 11, a.NewBlocks)
@@ -98,7 +86,7 @@ func TestDecideCostAndExplanation(t *testing.T) {
 // is free and a's cache wins. Every term is checked by hand.
 func TestEncodeWaitHidesBacklog(t *testing.T) {
 	rnd := testrand.New(t)
-	r, _ := newTestRouter(t, "a", "b")
+	r := newTestRouter(t, "a", "b")
 	prompt := testrand.Tokens(rnd, 16*20) // 20 blocks
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
@@ -111,7 +99,7 @@ func TestEncodeWaitHidesBacklog(t *testing.T) {
 		t.Helper()
 		d, err := decide(r, Request{Tokens: prompt, ReadyIn: readyIn})
 		require.NoError(t, err)
-		a, b := scoreOf(t, d, "a"), scoreOf(t, d, "b")
+		a, b := d.Score("a"), d.Score("b")
 		require.Equal(t, int64(14*16), a.PrefillTokens)
 		require.InDelta(t, waitA, a.EncodeWait, 1e-9)
 		require.InDelta(t, costA, a.Cost, 1e-9)
@@ -128,7 +116,7 @@ func TestEncodeWaitHidesBacklog(t *testing.T) {
 
 func TestDecideFiltersAndTies(t *testing.T) {
 	rnd := testrand.New(t)
-	r, _ := newTestRouter(t, "x", "y", "z")
+	r := newTestRouter(t, "x", "y", "z")
 	prompt := testrand.Tokens(rnd, 64)
 	d, err := decide(r, Request{Tokens: prompt})
 	require.NoError(t, err)
@@ -138,8 +126,8 @@ func TestDecideFiltersAndTies(t *testing.T) {
 	d, err = decide(r, Request{Tokens: prompt, Allow: []string{"x", "z"}})
 	require.NoError(t, err)
 	require.Equal(t, "z", d.Worker)
-	require.Equal(t, "unhealthy", scoreOf(t, d, "x").Excluded)
-	require.Equal(t, "not in allow-list", scoreOf(t, d, "y").Excluded)
+	require.Equal(t, "unhealthy", d.Score("x").Excluded)
+	require.Equal(t, "not in allow-list", d.Score("y").Excluded)
 	_, err = decide(r, Request{Tokens: prompt, Allow: []string{"x"}})
 	var none *ErrNoWorker
 	require.True(t, errors.As(err, &none))
@@ -154,7 +142,7 @@ func TestDecideFiltersAndTies(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	require.Equal(t, "y", d.Worker)
-	require.Equal(t, 1.0, scoreOf(t, d, "x").Transfer)
+	require.Equal(t, 1.0, d.Score("x").Transfer)
 
 	_, err = decide(r, Request{Tokens: prompt, Media: []Media{{Offset: 60, Length: 10}}})
 	var bad *ErrBadMedia

@@ -16,6 +16,7 @@ import (
 	"dataplane/bench/mocker"
 	"dataplane/bench/synth"
 	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // Policies the harness knows.
@@ -200,7 +201,11 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	if err != nil {
 		return Result{}, err
 	}
-	feeds := map[string]*router.Engine{}
+	feed, err := kvevents.NewFeed(rt, kvevents.DefaultOptions())
+	if err != nil {
+		return Result{}, err
+	}
+	feeds := map[string]*kvevents.Engine{}
 	fo := mocker.FleetOptions{Engines: opts.Engines, Prefix: "engine-", Engine: opts.Engine, Clock: mocker.Clock{Virtual: true}}
 	fo.Engine.Seed = seed
 	kv := policy == KVAware || policy == ModalityAware
@@ -215,7 +220,7 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	for i := range fleet.Len() {
 		name := fleet.Engine(i).Name()
 		index[name] = i
-		if feeds[name], err = rt.AddWorker(name); err != nil {
+		if feeds[name], err = feed.AddWorker(name); err != nil {
 			return Result{}, err
 		}
 		if err := rt.SetCapacity(name, int64(opts.Engine.Blocks)); err != nil {

@@ -1,4 +1,4 @@
-package router
+package kvevents
 
 import (
 	"encoding/hex"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/router"
 	"dataplane/router/index"
 	"dataplane/router/internal/testrand"
 )
@@ -14,8 +15,8 @@ type engineRig struct {
 	ix    *index.Index
 	w     index.Worker
 	eng   *Engine
-	stats *FeedStats
-	opts  FeedOptions
+	stats *Stats
+	opts  Options
 }
 
 func newEngineRig(t *testing.T, tiers int, media map[string]int) *engineRig {
@@ -23,12 +24,12 @@ func newEngineRig(t *testing.T, tiers int, media map[string]int) *engineRig {
 	o.Tiers = tiers
 	ix, err := index.New(o)
 	require.NoError(t, err)
-	rig := &engineRig{ix: ix, stats: &FeedStats{}, opts: DefaultFeedOptions()}
+	rig := &engineRig{ix: ix, stats: &Stats{}, opts: DefaultOptions()}
 	if media != nil {
 		rig.opts.Media = media
 	}
 	rig.w, _ = ix.AddWorker(0)
-	rig.eng, err = NewEngine(ix, rig.w, &rig.opts, rig.stats)
+	rig.eng, err = NewEngine(ix, rig.w, 16, &rig.opts, rig.stats)
 	require.NoError(t, err)
 	return rig
 }
@@ -67,11 +68,11 @@ func TestEngineHashesMeetRequestHashes(t *testing.T) {
 	g.eng.Live(0, e.b, nil)
 	require.Zero(t, g.stats.BadEvents.Load()+g.stats.BadPayloads.Load())
 
-	h, _ := NewHasher(16)
-	want, err := h.Sequence(nil, c.tokens, SeedFor(lora, salt), []Media{{Hash: MediaHash(img), Offset: 20, Length: 20}})
+	h, _ := router.NewHasher(16)
+	want, err := h.Sequence(nil, c.tokens, router.SeedFor(lora, salt), []router.Media{{Hash: router.MediaHash(img), Offset: 20, Length: 20}})
 	require.NoError(t, err)
 	require.Equal(t, 4, g.overlap(want, 0))
-	plain, _ := h.Sequence(nil, c.tokens, SeedFor(lora, ""), nil)
+	plain, _ := h.Sequence(nil, c.tokens, router.SeedFor(lora, ""), nil)
 	require.Equal(t, 0, g.overlap(plain, 0), "without the salt nothing matches")
 
 	// A continuation event names its parent by engine hash; the salt and LoRA carry over.
@@ -84,8 +85,8 @@ func TestEngineHashesMeetRequestHashes(t *testing.T) {
 	}
 	e.uint(16).nil().str("GPU").str(lora)
 	g.eng.Live(1, e.b, nil)
-	want, _ = h.Sequence(nil, append(append([]uint32(nil), c.tokens...), more.tokens...), SeedFor(lora, salt),
-		[]Media{{Hash: MediaHash(img), Offset: 20, Length: 20}})
+	want, _ = h.Sequence(nil, append(append([]uint32(nil), c.tokens...), more.tokens...), router.SeedFor(lora, salt),
+		[]router.Media{{Hash: router.MediaHash(img), Offset: 20, Length: 20}})
 	require.Equal(t, 5, g.overlap(want, 0))
 }
 
@@ -195,10 +196,10 @@ func FuzzEngineLive(f *testing.F) {
 	f.Fuzz(func(t *testing.T, seq uint64, payload []byte) {
 		ix, _ := index.New(index.Options{MaxWorkers: 64, Tiers: 2, Shards: 2})
 		w, _ := ix.AddWorker(0)
-		opts := DefaultFeedOptions()
+		opts := DefaultOptions()
 		opts.Media = map[string]int{"GPU": 0, "CPU": 1}
-		var stats FeedStats
-		eng, err := NewEngine(ix, w, &opts, &stats)
+		var stats Stats
+		eng, err := NewEngine(ix, w, 16, &opts, &stats)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,8 +216,9 @@ func FuzzEngineLive(f *testing.F) {
 }
 
 // A block stored again under another key than the one the engine remembers (a cap evicted its
-// parent, and this time no sibling stood in the parent's way: keys.go) moves: the worker's bits
-// at the old key go, nothing leaks there, and the tiers it still holds it on come along.
+// parent, and this time no sibling stood in the parent's way: router/index/keys.go) moves: the
+// worker's bits at the old key go, nothing leaks there, and the tiers it still holds it on come
+// along.
 func TestEngineRestoreMovesKey(t *testing.T) {
 	r := testrand.New(t)
 	g := newEngineRig(t, 2, map[string]int{"GPU": 0, "CPU": 1})
@@ -229,8 +231,8 @@ func TestEngineRestoreMovesKey(t *testing.T) {
 	for i := 16; i < 32; i++ {
 		sib[i] ^= 1
 	}
-	h, _ := NewHasher(16)
-	sibSeqs, _ := h.Sequence(nil, sib, HashSeed, nil)
+	h, _ := router.NewHasher(16)
+	sibSeqs, _ := h.Sequence(nil, sib, router.HashSeed, nil)
 	sibKeys := make([]uint64, 2)
 	ix.Store(x, 0, 0, sibSeqs, sibKeys)
 

@@ -1,4 +1,4 @@
-package router
+package kvevents
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"dataplane/router"
 	"dataplane/router/index"
 	"dataplane/router/internal/testrand"
 )
@@ -130,8 +131,8 @@ func newConvo(r *rand.Rand, blocks int) *convo {
 	for i := range c.engine {
 		c.engine[i] = r.Uint64() | 1<<63 // > 2^63: exercises uint64 msgpack
 	}
-	h, _ := NewHasher(16)
-	c.ours, _ = h.Sequence(nil, c.tokens, HashSeed, nil)
+	h, _ := router.NewHasher(16)
+	c.ours, _ = h.Sequence(nil, c.tokens, router.HashSeed, nil)
 	return c
 }
 
@@ -194,7 +195,7 @@ type zmqRig struct {
 	vllm   *fakeVLLM
 	ix     *index.Index
 	w      index.Worker
-	stats  FeedStats
+	stats  Stats
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -208,8 +209,8 @@ func newZMQRig(t *testing.T) *zmqRig {
 	g.ix, err = index.New(index.DefaultOptions())
 	require.NoError(t, err)
 	g.w, _ = g.ix.AddWorker(0)
-	opts := DefaultFeedOptions()
-	eng, err := NewEngine(g.ix, g.w, &opts, &g.stats)
+	opts := DefaultOptions()
+	eng, err := NewEngine(g.ix, g.w, 16, &opts, &g.stats)
 	require.NoError(t, err)
 	go func() {
 		g.done <- SubscribeZMQ(ctx, DefaultZMQOptions(pubEP, replayEP), &g.stats, func(rank int) (*Engine, error) {

@@ -1,11 +1,12 @@
-package router
+package kvevents
 
 import (
-	"encoding/hex"
 	"fmt"
 	"strconv"
 
 	"github.com/zeebo/xxh3"
+
+	"dataplane/router"
 )
 
 // Decoding of vLLM's KV-event batches (vllm/distributed/kv_events.py), leniently: msgspec
@@ -429,7 +430,7 @@ func decodeExtraKeys(r *mpReader, ev *Event) error {
 				}
 				if k >= 1 && r.kind() == mpStr {
 					s, _ := r.readStr()
-					x.Media = append(x.Media, MediaHash(string(s)))
+					x.Media = append(x.Media, router.MediaHash(string(s)))
 					k--
 				}
 				for range k {
@@ -458,32 +459,13 @@ func (ev *Event) resolveExtras() error {
 		if ev.LoraName != "" && len(strs) > 0 && strs[0] == ev.LoraName {
 			strs = strs[1:]
 		}
-		if bi == 0 && !ev.HasParent && len(strs) > 0 && !isHexDigest(strs[len(strs)-1]) {
+		if bi == 0 && !ev.HasParent && len(strs) > 0 && !router.IsMediaDigest(strs[len(strs)-1]) {
 			x.Salt = strs[len(strs)-1]
 			strs = strs[:len(strs)-1]
 		}
 		for _, s := range strs {
-			x.Media = append(x.Media, MediaHash(s))
+			x.Media = append(x.Media, router.MediaHash(s))
 		}
 	}
 	return nil
-}
-
-func isHexDigest(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
-}
-
-// MediaHash maps a media identifier to the 64-bit hash appended to block hashes, as Dynamo's
-// hash_mm_identifier does: vLLM's 64-hex-digit digests keep their first 16 hex digits; other
-// identifiers (user uuids) are hashed with XXH3.
-func MediaHash(id string) uint64 {
-	if isHexDigest(id) {
-		v, _ := strconv.ParseUint(id[:16], 16, 64)
-		return v
-	}
-	return xxh3.HashString(id)
 }
