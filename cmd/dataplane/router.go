@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"dataplane/router"
+	"dataplane/router/httpapi"
 	"dataplane/router/kvevents"
 )
 
@@ -235,7 +236,7 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		router.NewCollector(r), kvevents.NewCollector(feed))
-	h := router.NewHTTPHandler(r, reg)
+	h := httpapi.NewHandler(r, reg)
 	h.SetLogger(log) // decisions at debug level: --log-level debug
 	srv := &fasthttp.Server{Handler: h.Handle, Name: "dataplane-router", MaxRequestBodySize: c.maxBody,
 		ReadTimeout: time.Minute, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
