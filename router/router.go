@@ -22,12 +22,16 @@ type Options struct {
 	RequestTTL    time.Duration // in-flight requests older than this are dropped; 5m (Dynamo's)
 	MaxRequests   int           // most requests tracked in flight; 1<<20
 	Seed          uint64        // for temperature draws; 0: random
+	// PrefillSecondsPerToken is how long a worker takes to prefill one prompt token: it turns
+	// times (an encode ETA, a transfer) into blocks of prefill, the unit of the cost (BlocksIn).
+	// 15e-6, Dynamo's mocker model (0.24 ms a 16-token block).
+	PrefillSecondsPerToken float64
 }
 
 // DefaultOptions are the defaults above.
 func DefaultOptions() Options {
 	return Options{BlockSize: 16, OverlapWeight: 1, Index: index.DefaultOptions(),
-		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20}
+		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, PrefillSecondsPerToken: 15e-6}
 }
 
 // Router ties the pieces together: the cache index (fed by KV events: package kvevents), the
@@ -73,6 +77,9 @@ func New(opts Options) (*Router, error) {
 	}
 	if opts.OverlapWeight < 0 || opts.Temperature < 0 {
 		return nil, fmt.Errorf("router options: overlap weight %v and temperature %v must not be negative", opts.OverlapWeight, opts.Temperature)
+	}
+	if !(opts.PrefillSecondsPerToken > 0) {
+		return nil, fmt.Errorf("router options: prefill seconds per token %v must be positive", opts.PrefillSecondsPerToken)
 	}
 	ix, err := index.New(opts.Index)
 	if err != nil {
@@ -167,6 +174,12 @@ func (r *Router) find(name string) *worker {
 	return nil
 }
 
+// BlocksIn is how many blocks of prefill a worker computes in that many seconds
+// (Options.PrefillSecondsPerToken): the unit of Request.ReadyIn and Request.Transfer.
+func (r *Router) BlocksIn(seconds float64) float64 {
+	return seconds / (float64(r.opts.BlockSize) * r.opts.PrefillSecondsPerToken)
+}
+
 // Workers lists the registered worker names, sorted.
 func (r *Router) Workers() []string {
 	var out []string
@@ -184,12 +197,13 @@ type Request struct {
 	Salt   string   // cache salt (tenant isolation), mixed into block hashes
 	Allow  []string // if not empty, only these workers are eligible
 	// ReadyIn is how long until the request's media features are ready (the encoder's ETA), in
-	// blocks of prefill time. A worker cannot start the prefill before then, but its own prefill
-	// backlog drains meanwhile: each worker is charged only the part of the wait its backlog
-	// does not already cover (WorkerScore.EncodeWait), so a request with a long encode leans
-	// towards cache overlap over a short queue.
+	// blocks of prefill time (Router.BlocksIn converts seconds). A worker cannot start the
+	// prefill before then, but its own prefill backlog drains meanwhile: each worker is charged
+	// only the part of the wait its backlog does not already cover (WorkerScore.EncodeWait), so
+	// a request with a long encode leans towards cache overlap over a short queue.
 	ReadyIn float64
-	// Transfer, if set, is the cost in blocks of moving the request's features to a worker.
+	// Transfer, if set, is the cost of moving the request's features to a worker, in blocks of
+	// prefill time (Router.BlocksIn).
 	Transfer func(worker string) float64
 }
 

@@ -114,6 +114,24 @@ func TestEncodeWaitHidesBacklog(t *testing.T) {
 	f(30, "a", 16, 14+16+14+20, 30, 20+30+20)
 }
 
+// Times become blocks of prefill at Options.PrefillSecondsPerToken: by default 15 µs a token,
+// so a 16-token block is 0.24 ms; the option must be positive.
+func TestBlocksIn(t *testing.T) {
+	r := newTestRouter(t)
+	require.InDelta(t, 1, r.BlocksIn(240e-6), 1e-12)
+	require.InDelta(t, 2, r.BlocksIn(0.48e-3), 1e-12)
+	opts := DefaultOptions()
+	opts.PrefillSecondsPerToken = 1e-3
+	r, err := New(opts)
+	require.NoError(t, err)
+	require.InDelta(t, 0.5, r.BlocksIn(8e-3), 1e-12)
+	for _, bad := range []float64{0, -1, math.NaN()} {
+		opts.PrefillSecondsPerToken = bad
+		_, err := New(opts)
+		require.ErrorContains(t, err, "prefill seconds per token", "%v", bad)
+	}
+}
+
 func TestDecideFiltersAndTies(t *testing.T) {
 	rnd := testrand.New(t)
 	r := newTestRouter(t, "x", "y", "z")
