@@ -132,6 +132,31 @@ func TestBlocksIn(t *testing.T) {
 	}
 }
 
+// A decision into a reused Decision allocates nothing, media, encode wait and transfer cost
+// included (README: Router.Decide).
+func TestDecideAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop scratch, so Decide allocates")
+	}
+	r := newTestRouter(t, "a", "b", "c")
+	prompt := testrand.Tokens(testrand.New(t), 4096)
+	h, _ := NewHasher(16)
+	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
+	r.Index().Store(r.find("b").slot, 0, 0, hashes[:100], nil) // b caches 100 blocks
+	d, err := decide(r, Request{Tokens: prompt[:1000]})
+	require.NoError(t, err)
+	require.NoError(t, r.Start("busy", d, "c", time.Now())) // c has some of them in flight
+	transfer := func(w string) float64 { return float64(len(w)) }
+	f := func(req Request) {
+		t.Helper()
+		var d Decision
+		require.NoError(t, r.Decide(req, &d))
+		require.Zero(t, testing.AllocsPerRun(100, func() { _ = r.Decide(req, &d) }))
+	}
+	f(Request{Tokens: prompt})
+	f(Request{Tokens: prompt, Media: []Media{{Hash: 7, Offset: 100, Length: 576}}, ReadyIn: 3, Transfer: transfer, Allow: []string{"a", "c"}})
+}
+
 func TestDecideFiltersAndTies(t *testing.T) {
 	rnd := testrand.New(t)
 	r := newTestRouter(t, "x", "y", "z")

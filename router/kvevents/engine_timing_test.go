@@ -18,24 +18,8 @@ func BenchmarkEngineApply(b *testing.B) {
 	opts := DefaultOptions()
 	var stats Stats
 	eng, _ := NewEngine(ix, w, 16, &opts, &stats)
-	// A long conversation, 32 blocks per batch; each batch also removes the previous batch's.
-	const per = 32
 	const batches = 512
-	c := newConvo(rnd, per*batches)
-	payloads := make([][]byte, batches)
-	for k := range batches {
-		e := &msgpackEncoder{}
-		n := 1
-		if k > 0 {
-			n = 2
-		}
-		e.array(2).float(1).array(n)
-		c.stored(e, k*per, (k+1)*per, false)
-		if k > 0 {
-			c.removed(e, (k-1)*per, k*per)
-		}
-		payloads[k] = e.b
-	}
+	payloads := conversationBatches(rnd, 32, batches)
 	var batch Batch
 	var apply, decode time.Duration
 	seq := uint64(0)

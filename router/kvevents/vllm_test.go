@@ -127,6 +127,41 @@ func TestDecodeExtraKeys(t *testing.T) {
 	require.Len(t, ev.Extra[1].Media, 1)
 }
 
+// Decoding into a reused Batch allocates nothing for what a text-only engine publishes (stores
+// and removes, both layouts, the reference payloads); strings that outlive the payload are
+// copied: a LoRA name is one allocation, and extra keys (media, salt) a few per block.
+func TestDecodeBatchAllocs(t *testing.T) {
+	c := newConvo(testrand.New(t), 64)
+	var b Batch
+	f := func(name string, payload []byte, want float64) {
+		t.Helper()
+		require.NoError(t, DecodeBatch(payload, &b), name)
+		require.Equal(t, want, testing.AllocsPerRun(100, func() { _ = DecodeBatch(payload, &b) }), name)
+	}
+	for _, asMap := range []bool{false, true} {
+		f("stores and removes", batchOf(asMap, func(e *msgpackEncoder) {
+			c.stored(e, 0, 32, asMap)
+			c.stored(e, 32, 64, asMap)
+			c.removed(e, 0, 64)
+		}, 3), 0)
+	}
+	for _, bc := range batchCases(t) {
+		if bc.Name != "array-full" { // its store names a LoRA and has extra keys
+			payload, err := hex.DecodeString(bc.Payload)
+			require.NoError(t, err)
+			f(bc.Name, payload, 0)
+		}
+	}
+	e := &msgpackEncoder{}
+	e.array(2).float(1).array(1)
+	e.array(8).str("BlockStored").array(1).uint(1).nil().array(16)
+	for i := range 16 {
+		e.uint(uint64(i))
+	}
+	e.uint(16).nil().str("GPU").str("my-lora")
+	f("a LoRA name", e.b, 1)
+}
+
 func TestDecodeBatchErrors(t *testing.T) {
 	f := func(name string, payload []byte) {
 		t.Helper()
