@@ -35,7 +35,7 @@ type PublisherFunc func(worker string, seq uint64, payload []byte)
 func (f PublisherFunc) Publish(worker string, seq uint64, payload []byte) { f(worker, seq, payload) }
 
 // FeedRouter is the in-process sink: every engine's batches go straight to its router engine
-// (feeds[name], from router.Router.AddWorker(name)), on the engine's loop goroutine, so each
+// (feeds[name], from kvevents.Feed.AddWorker(name)), on the engine's loop goroutine, so each
 // router engine is fed by one goroutine in order, as kvevents.Engine requires. Batches from an
 // engine not in feeds are dropped. feeds must not change once the fleet runs.
 func FeedRouter(feeds map[string]*kvevents.Engine) Publisher {
