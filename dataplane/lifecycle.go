@@ -361,14 +361,12 @@ func (r *request) route() (router.Decision, error) {
 		}
 	}
 	mergedBytes := float64(r.pm.Len * s.models.Hidden * s.models.DType.Size())
-	// Cost terms are in prefill blocks; a block of prefill is about 0.25 ms (Dynamo's mocker
-	// model: 15 us a token, 16 tokens a block by default).
-	secondsPerBlock := float64(s.router.Options().BlockSize) * 15e-6
-	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: eta.Seconds() / secondsPerBlock}
+	// Cost terms are in blocks of prefill time (router.Options.PrefillSecondsPerToken).
+	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: s.router.BlocksIn(eta.Seconds())}
 	if len(r.items) > 0 {
 		req.Transfer = func(w string) float64 {
 			if strings.HasPrefix(w, "http://") || strings.HasPrefix(w, "https://") {
-				return mergedBytes / s.opts.TransferBytesPerSecond / secondsPerBlock
+				return s.router.BlocksIn(mergedBytes / s.opts.TransferBytesPerSecond)
 			}
 			return 0 // in-process: the merged sequence is handed over in memory
 		}

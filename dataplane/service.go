@@ -20,6 +20,7 @@ import (
 	"dataplane/dataplane/worker"
 	"dataplane/features"
 	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // ServiceOptions configure the request path. DefaultServiceOptions has every default.
@@ -29,6 +30,7 @@ type ServiceOptions struct {
 	Features  features.Options
 	Pool      encoderpool.Options
 	Router    router.Options
+	KVEvents  kvevents.Options
 	Fetch     fetch.Options
 	Limits    openai.Limits
 	Media     media.Options
@@ -64,6 +66,7 @@ func DefaultServiceOptions() ServiceOptions {
 		Features:               features.DefaultOptions(),
 		Pool:                   encoderpool.DefaultOptions(),
 		Router:                 router.DefaultOptions(),
+		KVEvents:               kvevents.DefaultOptions(),
 		Limits:                 openai.DefaultLimits(),
 		MediaKey:               "default",
 		MaxMediaBytes:          32 << 20,
@@ -86,6 +89,7 @@ type Service struct {
 	store   *features.Store
 	pool    *encoderpool.Pool
 	router  *router.Router
+	feed    *kvevents.Feed
 	fetcher *fetch.Fetcher
 	uuids   *uuidTable
 	metrics *serviceMetrics
@@ -135,6 +139,10 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		s.closePieces()
 		return nil, err
 	}
+	if s.feed, err = kvevents.NewFeed(s.router, opts.KVEvents); err != nil {
+		s.closePieces()
+		return nil, err
+	}
 	s.metrics = newServiceMetrics()
 	po := opts.Pool
 	po.Observe = s.metrics.observeBatch
@@ -143,14 +151,14 @@ func NewService(opts ServiceOptions) (*Service, error) {
 }
 
 // AddWorker puts an LLM worker behind the router; its KV events come through the returned
-// engine (the caller feeds it, e.g. router.SubscribeZMQ or a mocker's sink).
-func (s *Service) AddWorker(w worker.Worker) (*router.Engine, error) {
+// engine (the caller feeds it, e.g. kvevents.SubscribeZMQ or a mocker's sink).
+func (s *Service) AddWorker(w worker.Worker) (*kvevents.Engine, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.workers[w.Name()]; dup {
 		return nil, fmt.Errorf("worker %q added twice", w.Name())
 	}
-	e, err := s.router.AddWorker(w.Name())
+	e, err := s.feed.AddWorker(w.Name())
 	if err != nil {
 		return nil, err
 	}
@@ -170,14 +178,17 @@ func (s *Service) Limits() openai.Limits { return s.opts.Limits }
 // FeatureStats are the feature store's counters now.
 func (s *Service) FeatureStats() features.Stats { return s.store.Stats() }
 
+// Feed keeps the router's index in step with the workers' KV events.
+func (s *Service) Feed() *kvevents.Feed { return s.feed }
+
 // Models and Tokenizer are what the service serves with.
 func (s *Service) Models() *Models { return s.models }
 func (s *Service) Tokenizer() *Tok { return s.tok }
 
 // Collectors are the service's Prometheus collectors: its own, the feature store's and the
-// router's.
+// router's (its KV events' counters included).
 func (s *Service) Collectors() []prometheus.Collector {
-	return append(s.metrics.collectors(), s.store.Collector(), router.NewCollector(s.router))
+	return append(s.metrics.collectors(), s.store.Collector(), router.NewCollector(s.router), kvevents.NewCollector(s.feed))
 }
 
 // Ready says whether the service can take requests (an error says why not).

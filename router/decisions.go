@@ -11,6 +11,10 @@ type DecisionLog struct {
 	count int
 }
 
+// RecentDecisions is how many decisions the debug endpoints (GET /debug/route of the daemon and
+// of the standalone router) can look up by request id.
+const RecentDecisions = 256
+
 // LoggedDecision is a decision as a debug endpoint answers it.
 type LoggedDecision struct {
 	RequestID string   `json:"request_id"`

@@ -2,8 +2,10 @@ package router
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"slices"
+	"strconv"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -18,7 +20,7 @@ import (
 //	seq[i]   = xxh3(LE u64 seq[i-1] ‖ LE u64 local[i], 1337)
 //
 // Only full blocks are hashed. The index is keyed by index keys derived from seq hashes
-// (keys.go).
+// (router/index/keys.go).
 
 // HashSeed is Dynamo's XXH3 seed for block and chain hashes.
 const HashSeed uint64 = 1337
@@ -167,4 +169,25 @@ func (h *Hasher) Sequence(dst []uint64, tokens []uint32, seed uint64, media []Me
 	}
 	Chain(dst[n:], 0, false)
 	return dst, nil
+}
+
+// MediaHash maps a media identifier to the 64-bit hash appended to block hashes, as Dynamo's
+// hash_mm_identifier does: vLLM's 64-hex-digit digests keep their first 16 hex digits; other
+// identifiers (user uuids) are hashed with XXH3.
+func MediaHash(id string) uint64 {
+	if IsMediaDigest(id) {
+		v, _ := strconv.ParseUint(id[:16], 16, 64)
+		return v
+	}
+	return xxh3.HashString(id)
+}
+
+// IsMediaDigest reports whether a media identifier is one of vLLM's digests (64 hex digits),
+// which MediaHash shortens rather than hashes.
+func IsMediaDigest(id string) bool {
+	if len(id) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
 }

@@ -3,30 +3,15 @@ package router
 import (
 	"encoding/json"
 	"errors"
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"github.com/zeebo/xxh3"
+
+	"dataplane/router/internal/testrand"
 )
-
-func newRand(t testing.TB) *rand.Rand {
-	return rand.New(rand.NewPCG(testSeed(t), 11))
-}
-
-// testSeed is a fresh random seed, or ROUTER_SEED (as a failing run logged it) to reproduce one.
-func testSeed(t testing.TB) uint64 {
-	seed := rand.Uint64()
-	if v := os.Getenv("ROUTER_SEED"); v != "" {
-		var err error
-		seed, err = strconv.ParseUint(v, 0, 64)
-		require.NoError(t, err, "ROUTER_SEED")
-	}
-	t.Logf("random seed %#x", seed)
-	return seed
-}
 
 func readJSON(t testing.TB, name string, v any) {
 	t.Helper()
@@ -127,7 +112,7 @@ func TestHasherErrors(t *testing.T) {
 // A prefix's hashes do not depend on what follows it, and a changed token changes its block and
 // every later sequence hash but nothing before.
 func TestSequencePrefixProperty(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	h, _ := NewHasher(16)
 	tokens := make([]uint32, 16*20+5)
 	for i := range tokens {

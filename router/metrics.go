@@ -7,13 +7,14 @@ import (
 )
 
 // Collector exports a Router's state as Prometheus metrics, read at scrape time (no hot-path
-// cost). Register it with NewCollector(r) on any registry.
+// cost). Register it with NewCollector(r) on any registry; the KV events' counters are
+// kvevents.Collector's, under the same dataplane_router_ prefix.
 type Collector struct {
 	r *Router
 
 	blocks, entries, inflight                   *prometheus.Desc
 	workerBlocks, active, prefill, reqs, health *prometheus.Desc
-	events, kvBlocks, stream, decisions         *prometheus.Desc
+	decisions                                   *prometheus.Desc
 }
 
 // NewCollector describes r's metrics.
@@ -31,9 +32,6 @@ func NewCollector(r *Router) *Collector {
 		prefill:      d("worker_prefill_tokens", "Prompt tokens routed to the worker and not yet past their first output token.", "worker"),
 		reqs:         d("worker_requests", "Requests in flight on the worker.", "worker"),
 		health:       d("worker_healthy", "1 if the worker takes new requests.", "worker"),
-		events:       d("kv_events_total", "KV events and batches by outcome.", "outcome"),
-		kvBlocks:     d("kv_blocks_total", "Index entries added or removed by KV events.", "op"),
-		stream:       d("kv_stream_total", "Event stream incidents.", "incident"),
 		decisions:    d("decisions_total", "Routing decisions made."),
 	}
 }
@@ -41,7 +39,7 @@ func NewCollector(r *Router) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.blocks, c.entries, c.inflight, c.workerBlocks, c.active, c.prefill,
-		c.reqs, c.health, c.events, c.kvBlocks, c.stream, c.decisions} {
+		c.reqs, c.health, c.decisions} {
 		ch <- d
 	}
 }
@@ -50,9 +48,6 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	g := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	n := func(d *prometheus.Desc, v int64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	r := c.r
 	g(c.blocks, float64(r.ix.Blocks()))
@@ -71,23 +66,5 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		g(c.health, h, w.Worker)
 	}
-	s := &r.stats
-	n(c.events, s.Batches.Load(), "batch_applied")
-	n(c.events, s.BadPayloads.Load(), "bad_payload")
-	n(c.events, s.BadEvents.Load(), "bad_event")
-	n(c.events, s.UnknownEvents.Load(), "unknown_event")
-	n(c.events, s.Filtered.Load(), "filtered")
-	n(c.events, s.SizeMismatch.Load(), "block_size_mismatch")
-	n(c.events, s.UnknownParent.Load(), "unknown_parent")
-	n(c.events, s.UnknownBlocks.Load(), "unknown_block")
-	n(c.events, s.Clears.Load(), "all_blocks_cleared")
-	n(c.kvBlocks, s.BlocksStored.Load(), "stored")
-	n(c.kvBlocks, s.BlocksRemoved.Load(), "removed")
-	n(c.stream, s.Duplicates.Load(), "duplicate")
-	n(c.stream, s.Gaps.Load(), "gap")
-	n(c.stream, s.Replayed.Load(), "replayed_batch")
-	n(c.stream, s.Unrecoverable.Load(), "unrecoverable_gap")
-	n(c.stream, s.Restarts.Load(), "restart")
-	n(c.stream, s.ReplayFailures.Load(), "replay_failure")
-	n(c.decisions, r.decisions.Load())
+	ch <- prometheus.MustNewConstMetric(c.decisions, prometheus.CounterValue, float64(r.decisions.Load()))
 }

@@ -8,38 +8,39 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"dataplane/router/index"
 )
 
 // Options configure a Router. DefaultOptions has every default.
 type Options struct {
-	BlockSize       int            // tokens per KV block, as the engines use (vLLM --block-size); 16
-	OverlapWeight   float64        // weight of prefill blocks against decode blocks in the cost; 1
-	Temperature     float64        // 0: cheapest worker; > 0: softmax over normalised costs; 0
-	Index           IndexOptions   // DefaultIndexOptions: 64 workers, device tier only, 256 shards
-	Media           map[string]int // event medium → index tier; {"GPU": 0}
-	Capacity        int64          // default per-worker cap on index blocks per tier (0: none); 0
-	RequestTTL      time.Duration  // in-flight requests older than this are dropped; 5m (Dynamo's)
-	MaxRequests     int            // most requests tracked in flight; 1<<20
-	MaxEngineBlocks int            // per-engine hash map bound (FeedOptions); 1<<20
-	Seed            uint64         // for temperature draws; 0: random
+	BlockSize     int           // tokens per KV block, as the engines use (vLLM --block-size); 16
+	OverlapWeight float64       // weight of prefill blocks against decode blocks in the cost; 1
+	Temperature   float64       // 0: cheapest worker; > 0: softmax over normalised costs; 0
+	Index         index.Options // index.DefaultOptions: 64 workers, device tier only, 256 shards
+	Capacity      int64         // default per-worker cap on index blocks per tier (0: none); 0
+	RequestTTL    time.Duration // in-flight requests older than this are dropped; 5m (Dynamo's)
+	MaxRequests   int           // most requests tracked in flight; 1<<20
+	Seed          uint64        // for temperature draws; 0: random
+	// PrefillSecondsPerToken is how long a worker takes to prefill one prompt token: it turns
+	// times (an encode ETA, a transfer) into blocks of prefill, the unit of the cost (BlocksIn).
+	// 15e-6, Dynamo's mocker model (0.24 ms a 16-token block).
+	PrefillSecondsPerToken float64
 }
 
 // DefaultOptions are the defaults above.
 func DefaultOptions() Options {
-	f := DefaultFeedOptions()
-	return Options{BlockSize: 16, OverlapWeight: 1, Index: DefaultIndexOptions(), Media: f.Media,
-		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, MaxEngineBlocks: f.MaxEngineBlocks}
+	return Options{BlockSize: 16, OverlapWeight: 1, Index: index.DefaultOptions(),
+		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, PrefillSecondsPerToken: 15e-6}
 }
 
-// Router ties the pieces together: the cache index fed by KV events, the slot tracker fed by
-// the request lifecycle, and the scorer. Each piece is usable alone; the Router keeps worker
-// names, health and engines, and answers Decide without taking a lock.
+// Router ties the pieces together: the cache index (fed by KV events: package kvevents), the
+// slot tracker fed by the request lifecycle, and the scorer. Each piece is usable alone; the
+// Router keeps worker names and health, and answers Decide without taking a lock.
 type Router struct {
 	opts  Options
-	feed  FeedOptions
-	ix    *Index
+	ix    *index.Index
 	slots *Slots
-	stats FeedStats
 
 	regMu   sync.Mutex                // serialises worker registration
 	workers atomic.Pointer[[]*worker] // copy-on-write, sorted by name
@@ -53,9 +54,8 @@ type Router struct {
 
 type worker struct {
 	name    string
-	slot    Worker
+	slot    index.Worker
 	healthy atomic.Bool
-	engine  *Engine // the engine feeding its index entries, if any
 }
 
 // ErrUnknownWorker names a worker the router does not have.
@@ -78,14 +78,12 @@ func New(opts Options) (*Router, error) {
 	if opts.OverlapWeight < 0 || opts.Temperature < 0 {
 		return nil, fmt.Errorf("router options: overlap weight %v and temperature %v must not be negative", opts.OverlapWeight, opts.Temperature)
 	}
-	ix, err := NewIndex(opts.Index)
+	if !(opts.PrefillSecondsPerToken > 0) {
+		return nil, fmt.Errorf("router options: prefill seconds per token %v must be positive", opts.PrefillSecondsPerToken)
+	}
+	ix, err := index.New(opts.Index)
 	if err != nil {
 		return nil, err
-	}
-	for medium, tier := range opts.Media {
-		if tier < 0 || tier >= opts.Index.Tiers {
-			return nil, fmt.Errorf("router options: medium %q maps to tier %d, the index has %d tiers", medium, tier, opts.Index.Tiers)
-		}
 	}
 	slots, err := NewSlots(opts.Index.MaxWorkers, opts.BlockSize, opts.RequestTTL, opts.MaxRequests)
 	if err != nil {
@@ -95,48 +93,43 @@ func New(opts Options) (*Router, error) {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	r := &Router{opts: opts, ix: ix, slots: slots, rand: rand.New(rand.NewPCG(seed, 0x5eed)),
-		feed: FeedOptions{BlockSize: opts.BlockSize, Media: opts.Media, MaxEngineBlocks: opts.MaxEngineBlocks}}
+	r := &Router{opts: opts, ix: ix, slots: slots, rand: rand.New(rand.NewPCG(seed, 0x5eed))}
 	r.workers.Store(&[]*worker{})
 	r.hashers.New = func() any { return newScratch(opts.BlockSize) }
 	return r, nil
 }
 
-// Index, Slots and Stats expose the parts (for metrics and debugging).
-func (r *Router) Index() *Index     { return r.ix }
-func (r *Router) Slots() *Slots     { return r.slots }
-func (r *Router) Stats() *FeedStats { return &r.stats }
-func (r *Router) Options() Options  { return r.opts }
-func (r *Router) Decisions() int64  { return r.decisions.Load() }
+// Index and Slots expose the parts (for metrics, debugging, and package kvevents, which keeps
+// the index in step with the engines).
+func (r *Router) Index() *index.Index { return r.ix }
+func (r *Router) Slots() *Slots       { return r.slots }
+func (r *Router) Options() Options    { return r.opts }
+func (r *Router) Decisions() int64    { return r.decisions.Load() }
 
-// AddWorker registers a healthy worker and returns the engine that keeps its index entries
-// from its KV events (feed it with Engine.Live, or hand it to SubscribeZMQ).
-func (r *Router) AddWorker(name string) (*Engine, error) {
+// AddWorker registers a healthy worker and returns its slot in the index, where what it caches
+// is recorded (kvevents.Feed.AddWorker registers a worker with an engine that records it from
+// its KV events).
+func (r *Router) AddWorker(name string) (index.Worker, error) {
 	r.regMu.Lock()
 	defer r.regMu.Unlock()
 	old := *r.workers.Load()
 	if slices.ContainsFunc(old, func(w *worker) bool { return w.name == name }) {
-		return nil, fmt.Errorf("worker %q already registered", name)
+		return -1, fmt.Errorf("worker %q already registered", name)
 	}
 	slot, err := r.ix.AddWorker(r.opts.Capacity)
 	if err != nil {
-		return nil, err
+		return -1, err
 	}
-	eng, err := NewEngine(r.ix, slot, &r.feed, &r.stats)
-	if err != nil {
-		r.ix.RemoveWorker(slot)
-		return nil, err
-	}
-	w := &worker{name: name, slot: slot, engine: eng}
+	w := &worker{name: name, slot: slot}
 	w.healthy.Store(true)
 	next := append(slices.Clone(old), w)
 	slices.SortFunc(next, func(a, b *worker) int { return cmp.Compare(a.name, b.name) })
 	r.workers.Store(&next)
-	return eng, nil
+	return slot, nil
 }
 
 // RemoveWorker forgets a worker: its index entries and its requests in flight. Stop feeding its
-// engine first.
+// index entries first (kvevents.Feed.RemoveWorker does both).
 func (r *Router) RemoveWorker(name string) error {
 	r.regMu.Lock()
 	defer r.regMu.Unlock()
@@ -181,6 +174,12 @@ func (r *Router) find(name string) *worker {
 	return nil
 }
 
+// BlocksIn is how many blocks of prefill a worker computes in that many seconds
+// (Options.PrefillSecondsPerToken): the unit of Request.ReadyIn and Request.Transfer.
+func (r *Router) BlocksIn(seconds float64) float64 {
+	return seconds / (float64(r.opts.BlockSize) * r.opts.PrefillSecondsPerToken)
+}
+
 // Workers lists the registered worker names, sorted.
 func (r *Router) Workers() []string {
 	var out []string
@@ -198,12 +197,13 @@ type Request struct {
 	Salt   string   // cache salt (tenant isolation), mixed into block hashes
 	Allow  []string // if not empty, only these workers are eligible
 	// ReadyIn is how long until the request's media features are ready (the encoder's ETA), in
-	// blocks of prefill time. A worker cannot start the prefill before then, but its own prefill
-	// backlog drains meanwhile: each worker is charged only the part of the wait its backlog
-	// does not already cover (WorkerScore.EncodeWait), so a request with a long encode leans
-	// towards cache overlap over a short queue.
+	// blocks of prefill time (Router.BlocksIn converts seconds). A worker cannot start the
+	// prefill before then, but its own prefill backlog drains meanwhile: each worker is charged
+	// only the part of the wait its backlog does not already cover (WorkerScore.EncodeWait), so
+	// a request with a long encode leans towards cache overlap over a short queue.
 	ReadyIn float64
-	// Transfer, if set, is the cost in blocks of moving the request's features to a worker.
+	// Transfer, if set, is the cost of moving the request's features to a worker, in blocks of
+	// prefill time (Router.BlocksIn).
 	Transfer func(worker string) float64
 }
 
@@ -216,10 +216,20 @@ type Decision struct {
 	Scores []WorkerScore `json:"scores"`
 }
 
+// Score is the named worker's line in the explanation, or nil.
+func (d *Decision) Score(worker string) *WorkerScore {
+	for i := range d.Scores {
+		if d.Scores[i].Worker == worker {
+			return &d.Scores[i]
+		}
+	}
+	return nil
+}
+
 // scratch is per-call state Decide takes from a pool.
 type scratch struct {
 	hasher         *Hasher
-	cached, active Match
+	cached, active index.Match
 }
 
 func newScratch(blockSize int) *scratch {
@@ -245,7 +255,7 @@ func (r *Router) Decide(req Request, d *Decision) error {
 	total := (isl + bs - 1) / bs
 	workers := *r.workers.Load()
 	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), isl, hashes
-	d.Scores = resize(d.Scores, len(workers))
+	d.Scores = slices.Grow(d.Scores[:0], len(workers))[:len(workers)]
 	lastTier := r.opts.Index.Tiers - 1
 	for i, w := range workers {
 		s := &d.Scores[i]
@@ -294,10 +304,8 @@ func (r *Router) Start(id string, d Decision, workerName string, now time.Time) 
 		return &ErrUnknownWorker{Name: workerName}
 	}
 	uncached := d.Tokens
-	for _, s := range d.Scores {
-		if s.Worker == workerName {
-			uncached = s.Uncached
-		}
+	if s := d.Score(workerName); s != nil {
+		uncached = s.Uncached
 	}
 	return r.slots.Start(id, w.slot, d.Hashes, d.Tokens, uncached, now)
 }
@@ -314,13 +322,13 @@ func (r *Router) Expire(now time.Time) int { return r.slots.Expire(now) }
 
 // WorkerLoad is a worker's row in Snapshot.
 type WorkerLoad struct {
-	Worker        string  `json:"worker"`
-	Slot          Worker  `json:"slot"`
-	Healthy       bool    `json:"healthy"`
-	Blocks        []int64 `json:"cached_blocks"` // index blocks held, per tier
-	ActiveBlocks  int64   `json:"active_blocks"`
-	PrefillTokens int64   `json:"prefill_tokens"`
-	Requests      int64   `json:"requests"`
+	Worker        string       `json:"worker"`
+	Slot          index.Worker `json:"slot"`
+	Healthy       bool         `json:"healthy"`
+	Blocks        []int64      `json:"cached_blocks"` // index blocks held, per tier
+	ActiveBlocks  int64        `json:"active_blocks"`
+	PrefillTokens int64        `json:"prefill_tokens"`
+	Requests      int64        `json:"requests"`
 }
 
 // Snapshot reports every worker's state (for metrics and debugging).

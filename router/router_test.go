@@ -9,28 +9,21 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/index"
+	"dataplane/router/internal/testrand"
 )
 
-func tokensN(r interface{ Uint32N(uint32) uint32 }, n int) []uint32 {
-	out := make([]uint32, n)
-	for i := range out {
-		out[i] = r.Uint32N(100_000)
-	}
-	return out
-}
-
-func newTestRouter(t *testing.T, names ...string) (*Router, map[string]*Engine) {
+func newTestRouter(t *testing.T, names ...string) *Router {
 	opts := DefaultOptions()
 	opts.Seed = 1
 	r, err := New(opts)
 	require.NoError(t, err)
-	engines := map[string]*Engine{}
 	for _, n := range names {
-		e, err := r.AddWorker(n)
+		_, err := r.AddWorker(n)
 		require.NoError(t, err)
-		engines[n] = e
 	}
-	return r, engines
+	return r
 }
 
 // decide is Decide into a fresh Decision.
@@ -40,29 +33,19 @@ func decide(r *Router, req Request) (Decision, error) {
 	return d, err
 }
 
-func scoreOf(t *testing.T, d Decision, name string) WorkerScore {
-	for _, s := range d.Scores {
-		if s.Worker == name {
-			return s
-		}
-	}
-	t.Fatalf("no score for %s", name)
-	return WorkerScore{}
-}
-
 // The cost is Dynamo's: weight × (outstanding + uncached prefill tokens) / block size + active
 // blocks + this prompt's blocks not active there; each term is checked by hand.
 func TestDecideCostAndExplanation(t *testing.T) {
-	rnd := newRand(t)
-	r, _ := newTestRouter(t, "a", "b", "c")
-	prompt := tokensN(rnd, 16*10+5) // 10 full blocks and a partial one
+	rnd := testrand.New(t)
+	r := newTestRouter(t, "a", "b", "c")
+	prompt := testrand.Tokens(rnd, 16*10+5) // 10 full blocks and a partial one
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
 	r.Index().Store(r.find("a").slot, 0, 0, hashes[:6], nil) // a caches 6 blocks
 	r.Index().Store(r.find("b").slot, 0, 0, hashes[:2], nil)
 
 	// b already serves a request sharing the first 4 blocks, not yet past prefill.
-	other := append(append([]uint32(nil), prompt[:64]...), tokensN(rnd, 40)...)
+	other := append(append([]uint32(nil), prompt[:64]...), testrand.Tokens(rnd, 40)...)
 	od, err := decide(r, Request{Tokens: other})
 	require.NoError(t, err)
 	require.NoError(t, r.Start("r1", od, "b", time.Now()))
@@ -70,7 +53,7 @@ func TestDecideCostAndExplanation(t *testing.T) {
 	d, err := decide(r, Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Equal(t, 10, d.Blocks)
-	a, b, c := scoreOf(t, d, "a"), scoreOf(t, d, "b"), scoreOf(t, d, "c")
+	a, b, c := d.Score("a"), d.Score("b"), d.Score("c")
 	require.Equal(t, 6, a.Overlap)
 	require.Equal(t, 165-96, a.Uncached)
 	require.Equal(t, 11, a.NewBlocks)
@@ -102,13 +85,13 @@ func TestDecideCostAndExplanation(t *testing.T) {
 // it twice, as prefill and as active blocks); once the encode outlasts a's backlog, that backlog
 // is free and a's cache wins. Every term is checked by hand.
 func TestEncodeWaitHidesBacklog(t *testing.T) {
-	rnd := newRand(t)
-	r, _ := newTestRouter(t, "a", "b")
-	prompt := tokensN(rnd, 16*20) // 20 blocks
+	rnd := testrand.New(t)
+	r := newTestRouter(t, "a", "b")
+	prompt := testrand.Tokens(rnd, 16*20) // 20 blocks
 	h, _ := NewHasher(16)
 	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
 	r.Index().Store(r.find("a").slot, 0, 0, hashes, nil)
-	busy, err := decide(r, Request{Tokens: tokensN(rnd, 16*14)})
+	busy, err := decide(r, Request{Tokens: testrand.Tokens(rnd, 16*14)})
 	require.NoError(t, err)
 	require.NoError(t, r.Start("busy", busy, "a", time.Now()))
 
@@ -116,7 +99,7 @@ func TestEncodeWaitHidesBacklog(t *testing.T) {
 		t.Helper()
 		d, err := decide(r, Request{Tokens: prompt, ReadyIn: readyIn})
 		require.NoError(t, err)
-		a, b := scoreOf(t, d, "a"), scoreOf(t, d, "b")
+		a, b := d.Score("a"), d.Score("b")
 		require.Equal(t, int64(14*16), a.PrefillTokens)
 		require.InDelta(t, waitA, a.EncodeWait, 1e-9)
 		require.InDelta(t, costA, a.Cost, 1e-9)
@@ -131,10 +114,53 @@ func TestEncodeWaitHidesBacklog(t *testing.T) {
 	f(30, "a", 16, 14+16+14+20, 30, 20+30+20)
 }
 
+// Times become blocks of prefill at Options.PrefillSecondsPerToken: by default 15 µs a token,
+// so a 16-token block is 0.24 ms; the option must be positive.
+func TestBlocksIn(t *testing.T) {
+	r := newTestRouter(t)
+	require.InDelta(t, 1, r.BlocksIn(240e-6), 1e-12)
+	require.InDelta(t, 2, r.BlocksIn(0.48e-3), 1e-12)
+	opts := DefaultOptions()
+	opts.PrefillSecondsPerToken = 1e-3
+	r, err := New(opts)
+	require.NoError(t, err)
+	require.InDelta(t, 0.5, r.BlocksIn(8e-3), 1e-12)
+	for _, bad := range []float64{0, -1, math.NaN()} {
+		opts.PrefillSecondsPerToken = bad
+		_, err := New(opts)
+		require.ErrorContains(t, err, "prefill seconds per token", "%v", bad)
+	}
+}
+
+// A decision into a reused Decision allocates nothing, media, encode wait and transfer cost
+// included (README: Router.Decide).
+func TestDecideAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop scratch, so Decide allocates")
+	}
+	r := newTestRouter(t, "a", "b", "c")
+	prompt := testrand.Tokens(testrand.New(t), 4096)
+	h, _ := NewHasher(16)
+	hashes, _ := h.Sequence(nil, prompt, HashSeed, nil)
+	r.Index().Store(r.find("b").slot, 0, 0, hashes[:100], nil) // b caches 100 blocks
+	d, err := decide(r, Request{Tokens: prompt[:1000]})
+	require.NoError(t, err)
+	require.NoError(t, r.Start("busy", d, "c", time.Now())) // c has some of them in flight
+	transfer := func(w string) float64 { return float64(len(w)) }
+	f := func(req Request) {
+		t.Helper()
+		var d Decision
+		require.NoError(t, r.Decide(req, &d))
+		require.Zero(t, testing.AllocsPerRun(100, func() { _ = r.Decide(req, &d) }))
+	}
+	f(Request{Tokens: prompt})
+	f(Request{Tokens: prompt, Media: []Media{{Hash: 7, Offset: 100, Length: 576}}, ReadyIn: 3, Transfer: transfer, Allow: []string{"a", "c"}})
+}
+
 func TestDecideFiltersAndTies(t *testing.T) {
-	rnd := newRand(t)
-	r, _ := newTestRouter(t, "x", "y", "z")
-	prompt := tokensN(rnd, 64)
+	rnd := testrand.New(t)
+	r := newTestRouter(t, "x", "y", "z")
+	prompt := testrand.Tokens(rnd, 64)
 	d, err := decide(r, Request{Tokens: prompt})
 	require.NoError(t, err)
 	require.Equal(t, "x", d.Worker, "equal costs and overlaps: the smallest name")
@@ -143,8 +169,8 @@ func TestDecideFiltersAndTies(t *testing.T) {
 	d, err = decide(r, Request{Tokens: prompt, Allow: []string{"x", "z"}})
 	require.NoError(t, err)
 	require.Equal(t, "z", d.Worker)
-	require.Equal(t, "unhealthy", scoreOf(t, d, "x").Excluded)
-	require.Equal(t, "not in allow-list", scoreOf(t, d, "y").Excluded)
+	require.Equal(t, "unhealthy", d.Score("x").Excluded)
+	require.Equal(t, "not in allow-list", d.Score("y").Excluded)
 	_, err = decide(r, Request{Tokens: prompt, Allow: []string{"x"}})
 	var none *ErrNoWorker
 	require.True(t, errors.As(err, &none))
@@ -159,7 +185,7 @@ func TestDecideFiltersAndTies(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	require.Equal(t, "y", d.Worker)
-	require.Equal(t, 1.0, scoreOf(t, d, "x").Transfer)
+	require.Equal(t, 1.0, d.Score("x").Transfer)
 
 	_, err = decide(r, Request{Tokens: prompt, Media: []Media{{Offset: 60, Length: 10}}})
 	var bad *ErrBadMedia
@@ -184,7 +210,7 @@ func TestChooseSoftmax(t *testing.T) {
 	require.Equal(t, 0, Choose(scores, temp, 0.1))
 
 	// Empirically, draws follow the probabilities.
-	rnd := newRand(t)
+	rnd := testrand.New(t)
 	counts := make([]int, 4)
 	for range 20000 {
 		counts[Choose(scores, temp, rnd.Float64())]++
@@ -203,7 +229,7 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	s, err := NewSlots(64, 16, time.Minute, 3)
 	require.NoError(t, err)
 	t0 := time.Now()
-	h := randomHashes(newRand(t), 4)
+	h := testrand.Hashes(testrand.New(t), 4)
 	a, b := h[:3], []uint64{h[0], h[1], h[3]}
 	require.NoError(t, s.Start("a", 1, a, 48, 48, t0))
 	require.NoError(t, s.Start("b", 1, b, 50, 20, t0.Add(time.Second)))
@@ -213,7 +239,7 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	require.Equal(t, int64(4+1), blocks, "blocks 1-4 once, plus b's partial block")
 	require.Equal(t, int64(68), prefill)
 	require.Equal(t, int64(2), reqs)
-	var m Match
+	var m index.Match
 	s.ActiveMatch(a, &m)
 	require.Equal(t, 3, m.Blocks(1, 0))
 	require.True(t, s.Finish("a"))
@@ -238,23 +264,23 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 // a prompt agree with the model throughout (through the ref-count table's growth and shrinking),
 // and nothing is left once every request has finished.
 func TestSlotsAgainstModel(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	s, err := NewSlots(128, 16, time.Hour, 10_000)
 	require.NoError(t, err)
 	prefixes := make([][]uint64, 8)
 	for i := range prefixes {
-		prefixes[i] = randomHashes(r, 1+r.IntN(300))
+		prefixes[i] = testrand.Hashes(r, 1+r.IntN(300))
 	}
 	type req struct {
-		w    Worker
+		w    index.Worker
 		seqs []uint64
 	}
 	reqs := map[string]req{}
-	refs := map[Worker]map[uint64]int{}
+	refs := map[index.Worker]map[uint64]int{}
 	now := time.Now()
 	check := func(probe []uint64) {
 		t.Helper()
-		var m Match
+		var m index.Match
 		s.ActiveMatch(probe, &m)
 		for w, counts := range refs {
 			blocks, _, _ := s.Load(w)
@@ -268,9 +294,9 @@ func TestSlotsAgainstModel(t *testing.T) {
 	}
 	for step := range 3000 {
 		if len(reqs) == 0 || r.IntN(5) < 3 {
-			w := Worker([]int{0, 5, 64, 127}[r.IntN(4)])
+			w := index.Worker([]int{0, 5, 64, 127}[r.IntN(4)])
 			p := prefixes[r.IntN(len(prefixes))]
-			seqs := append(slices.Clone(p[:1+r.IntN(len(p))]), randomHashes(r, r.IntN(200))...)
+			seqs := append(slices.Clone(p[:1+r.IntN(len(p))]), testrand.Hashes(r, r.IntN(200))...)
 			id := fmt.Sprint("r", step)
 			require.NoError(t, s.Start(id, w, seqs, len(seqs)*16, 0, now))
 			reqs[id] = req{w, seqs}
@@ -300,7 +326,7 @@ func TestSlotsAgainstModel(t *testing.T) {
 	for id := range reqs {
 		require.True(t, s.Finish(id))
 	}
-	require.Zero(t, s.refs.len())
+	require.Zero(t, s.refs.Len())
 	require.Zero(t, s.active.Blocks())
 	for w := range refs {
 		blocks, _, reqs := s.Load(w)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/zeebo/xxh3"
+
+	"dataplane/router/index"
 )
 
 // Hashing a 4,096-token prompt into 256 sequence hashes, against XXH3 over the same 16 KiB in
@@ -70,7 +72,7 @@ func BenchmarkDecide4K(b *testing.B) {
 		}
 		prompts = append(prompts, p)
 	}
-	var m Match
+	var m index.Match
 	var hs []uint64
 	var d Decision
 	var decide, parts time.Duration
@@ -90,63 +92,9 @@ func BenchmarkDecide4K(b *testing.B) {
 	b.ReportMetric(float64(decide.Nanoseconds())/float64(b.N), "decide-ns")
 }
 
-// Applying vLLM events: a batch storing 32 blocks (512 tokens, chained to a parent) and one
-// removing the 32 blocks stored the batch before, decoded, hashed and written to the index,
-// against decoding the same two payloads alone. x-decode is decode time over apply time.
-func BenchmarkEngineApply(b *testing.B) {
-	rnd := rand.New(rand.NewPCG(7, 8))
-	ix, _ := NewIndex(DefaultIndexOptions())
-	w, _ := ix.AddWorker(0)
-	opts := DefaultFeedOptions()
-	var stats FeedStats
-	eng, _ := NewEngine(ix, w, &opts, &stats)
-	// A long conversation, 32 blocks per batch; each batch also removes the previous batch's.
-	const per = 32
-	const batches = 512
-	c := newConvo(rnd, per*batches)
-	payloads := make([][]byte, batches)
-	for k := range batches {
-		e := &msgpackEncoder{}
-		n := 1
-		if k > 0 {
-			n = 2
-		}
-		e.array(2).float(1).array(n)
-		c.stored(e, k*per, (k+1)*per, false)
-		if k > 0 {
-			c.removed(e, (k-1)*per, k*per)
-		}
-		payloads[k] = e.b
-	}
-	var batch Batch
-	var apply, decode time.Duration
-	seq := uint64(0)
-	for i := 0; b.Loop(); i++ {
-		k := i % batches
-		if k == 0 && i > 0 { // the conversation is over: start it again on a clean engine
-			eng.Live(seq, []byte{0x92, 0x01, 0x91, 0x91, 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k', 's', 'C', 'l', 'e', 'a', 'r', 'e', 'd'}, nil)
-			seq++
-		}
-		t0 := time.Now()
-		eng.Live(seq, payloads[k], nil)
-		t1 := time.Now()
-		if err := DecodeBatch(payloads[k], &batch); err != nil {
-			b.Fatal(err)
-		}
-		decode += time.Since(t1)
-		apply += t1.Sub(t0)
-		seq++
-	}
-	if stats.BadPayloads.Load()+stats.UnknownParent.Load() > 0 {
-		b.Fatalf("bad payloads %d, unknown parents %d", stats.BadPayloads.Load(), stats.UnknownParent.Load())
-	}
-	b.ReportMetric(float64(stats.BlocksStored.Load()+stats.BlocksRemoved.Load())/apply.Seconds(), "blocks/s")
-	b.ReportMetric(float64(decode)/float64(apply), "x-decode")
-}
-
 // A large fleet: a router for 1,024 workers (16 mask words per block) routing 12,000-token
 // prompts (750 blocks), each cached on 4 workers, with 256 requests in flight: Decide, Start and
-// Finish per request. The ref counting that Start and Finish do (Slots' refCounts) is timed
+// Finish per request. The ref counting that Start and Finish do (Slots' index.Counts) is timed
 // again beside the same counting in a Go map keyed by (block, worker), fed the same requests
 // and holding the same counts: x-map is the map's time over ours.
 func BenchmarkRoute1024(b *testing.B) {
@@ -184,11 +132,11 @@ func BenchmarkRoute1024(b *testing.B) {
 		ids[i] = fmt.Sprint("req-", i)
 	}
 	type flight struct {
-		w    Worker
+		w    index.Worker
 		seqs []uint64
 	}
 	ring := make([]flight, inFlight)
-	ours, theirs := newRefCounts(), map[mapRefKey]int32{}
+	ours, theirs := index.NewCounts(), map[mapRefKey]int32{}
 	var gone []uint64
 	var d Decision
 	var decide, start, finish, oursRefs, mapRefs time.Duration
@@ -201,7 +149,7 @@ func BenchmarkRoute1024(b *testing.B) {
 			finish += time.Since(t0)
 			f := ring[slot]
 			t1 := time.Now()
-			gone = ours.decr(f.seqs, f.seqs, f.w, gone[:0])
+			gone = ours.Decr(f.seqs, f.seqs, f.w, gone[:0])
 			t2 := time.Now()
 			for _, h := range f.seqs {
 				k := mapRefKey{h, f.w}
@@ -226,7 +174,7 @@ func BenchmarkRoute1024(b *testing.B) {
 		w := r.find(d.Worker).slot
 		ring[slot] = flight{w, append(ring[slot].seqs[:0], d.Hashes...)}
 		t3 := time.Now()
-		ours.incr(ring[slot].seqs, w)
+		ours.Incr(ring[slot].seqs, w)
 		t4 := time.Now()
 		for _, h := range ring[slot].seqs {
 			theirs[mapRefKey{h, w}]++
@@ -244,5 +192,5 @@ func BenchmarkRoute1024(b *testing.B) {
 
 type mapRefKey struct {
 	hash   uint64
-	worker Worker
+	worker index.Worker
 }

@@ -6,7 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
+
+	"dataplane/router/index"
 )
 
 // Slots tracks each worker's load from the request lifecycle the router sees: blocks in use by
@@ -21,11 +22,11 @@ type Slots struct {
 	ttl       time.Duration
 	max       int
 
-	active *Index // bit set: the worker has at least one request in flight using the block
+	active *index.Index // bit set: the worker has at least one request in flight using the block
 	loads  []workerLoad
 
 	mu    sync.Mutex
-	refs  *refCounts
+	refs  *index.Counts // requests in flight per (block, worker)
 	reqs  map[string]*slotRequest
 	order []string // request ids in start order, for expiry (may hold finished ids)
 	buf   []uint64
@@ -38,7 +39,7 @@ type workerLoad struct {
 }
 
 type slotRequest struct {
-	worker  Worker
+	worker  index.Worker
 	seqs    []uint64 // the prompt's full blocks (sequence hashes)
 	keys    []uint64 // and their index keys
 	private int      // blocks of the request nobody else can share (a partial last block)
@@ -56,29 +57,29 @@ func (e *ErrDuplicateRequest) Error() string {
 // NewSlots tracks up to maxRequests requests in flight for workers of an index with maxWorkers
 // slots; requests older than ttl are dropped by Expire.
 func NewSlots(maxWorkers, blockSize int, ttl time.Duration, maxRequests int) (*Slots, error) {
-	ix, err := NewIndex(IndexOptions{MaxWorkers: maxWorkers, Tiers: 1, Shards: 64})
+	ix, err := index.New(index.Options{MaxWorkers: maxWorkers, Tiers: 1, Shards: 64})
 	if err != nil {
 		return nil, err
 	}
 	return &Slots{blockSize: blockSize, ttl: ttl, max: max(maxRequests, 1), active: ix,
-		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: newRefCounts(), reqs: map[string]*slotRequest{}}, nil
+		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: index.NewCounts(), reqs: map[string]*slotRequest{}}, nil
 }
 
 // Load is a worker's current load: distinct active blocks, outstanding prefill tokens and
 // requests in flight.
-func (s *Slots) Load(w Worker) (blocks, prefillTokens, requests int64) {
+func (s *Slots) Load(w index.Worker) (blocks, prefillTokens, requests int64) {
 	l := &s.loads[w]
 	return l.blocks.Load(), l.prefill.Load(), l.reqs.Load()
 }
 
 // ActiveMatch reports, per worker, how many leading blocks of a prompt are already in use there;
 // seqs are the prompt's sequence hashes.
-func (s *Slots) ActiveMatch(seqs []uint64, m *Match) { s.active.Match(seqs, m) }
+func (s *Slots) ActiveMatch(seqs []uint64, m *index.Match) { s.active.Match(seqs, m) }
 
 // Start records a request sent to worker w: its full-block sequence hashes, its prompt length
 // (the partial last block counts as one unshared block) and the prompt tokens the worker must
 // compute. Past maxRequests the oldest request is dropped first.
-func (s *Slots) Start(id string, w Worker, hashes []uint64, promptTokens int, prefillTokens int, now time.Time) error {
+func (s *Slots) Start(id string, w index.Worker, hashes []uint64, promptTokens int, prefillTokens int, now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.reqs[id]; ok {
@@ -97,7 +98,7 @@ func (s *Slots) Start(id string, w Worker, hashes []uint64, promptTokens int, pr
 	// w's bit on the blocks no request of w used yet: exactly those whose count becomes 1.
 	req.keys = make([]uint64, len(hashes))
 	fresh := s.active.Store(w, 0, 0, hashes, req.keys)
-	s.refs.incr(hashes, w)
+	s.refs.Incr(hashes, w)
 	l := &s.loads[w]
 	l.blocks.Add(int64(fresh + req.private))
 	l.prefill.Add(req.prefill)
@@ -129,7 +130,7 @@ func (s *Slots) finishLocked(id string) bool {
 		return false
 	}
 	delete(s.reqs, id)
-	gone := s.refs.decr(req.seqs, req.keys, req.worker, s.buf[:0])
+	gone := s.refs.Decr(req.seqs, req.keys, req.worker, s.buf[:0])
 	s.active.Remove(req.worker, 0, gone)
 	s.buf = gone
 	l := &s.loads[req.worker]
@@ -163,7 +164,7 @@ func (s *Slots) Expire(now time.Time) int {
 }
 
 // ForgetWorker drops every request of worker w (it left the fleet).
-func (s *Slots) ForgetWorker(w Worker) {
+func (s *Slots) ForgetWorker(w index.Worker) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, req := range s.reqs {
@@ -179,85 +180,3 @@ func (s *Slots) InFlight() int {
 	defer s.mu.Unlock()
 	return len(s.reqs)
 }
-
-// refCounts counts, per (block, worker), the requests in flight that use the block. It is an
-// open-addressing table (table.go's, one count word per key) rather than a Go map: each count
-// is a cache miss into a table of every active block of every worker, and here a request's
-// blocks are prefetched 64 at a time so that their misses overlap (a 750-block prompt is 750
-// of them on Start and 750 on Finish). BenchmarkRoute1024 times both.
-//
-// Keys pack the block's sequence hash and the worker into one word with bit 63 set (a branch
-// key's mark, keys.go, so a lookup never stops at a look-alike "sibling"): two (block, worker)
-// pairs share a count only on a 63-bit collision.
-type refCounts struct {
-	sh    shard // used by one goroutine at a time (Slots.mu); the version is unused
-	keys  [refRun]uint64
-	addrs [refRun]uintptr
-}
-
-const refRun = 64 // counts prefetched ahead
-
-func newRefCounts() *refCounts {
-	r := &refCounts{}
-	r.sh.tab.Store(newTable(minSlots, 2))
-	r.sh.scratch = make([]uint64, 1)
-	return r
-}
-
-func refKeyOf(seq uint64, w Worker) uint64 {
-	return seq ^ (uint64(w)+1)*0x9e3779b97f4a7c15 | branchBit
-}
-
-// run computes the keys of seqs[from:from+refRun] for worker w into r.keys, prefetches their
-// slots and returns them.
-func (r *refCounts) run(seqs []uint64, from int, w Worker) []uint64 {
-	ks := r.keys[:min(refRun, len(seqs)-from)]
-	t := r.sh.tab.Load()
-	addrs := r.addrs[:len(ks)]
-	for j := range ks {
-		ks[j] = refKeyOf(seqs[from+j], w)
-		addrs[j] = uintptr(unsafe.Pointer(&t.slots[(ks[j]&t.mask)*2]))
-	}
-	prefetch(addrs)
-	return ks
-}
-
-// incr adds one to the count of each block of seqs on worker w.
-func (r *refCounts) incr(seqs []uint64, w Worker) {
-	for from := 0; from < len(seqs); from += refRun {
-		for _, k := range r.run(seqs, from, w) {
-			t := r.sh.tab.Load()
-			if i := t.find(k); i >= 0 {
-				c := &t.words(i)[0]
-				c.Store(c.Load() + 1)
-			} else {
-				r.sh.insert(k, 0, 1)
-			}
-		}
-	}
-}
-
-// decr subtracts one from the count of each block of seqs on worker w, deletes the counts that
-// reach zero and appends those blocks' index keys (keys[i] for seqs[i]) to gone.
-func (r *refCounts) decr(seqs, keys []uint64, w Worker, gone []uint64) []uint64 {
-	for from := 0; from < len(seqs); from += refRun {
-		for j, k := range r.run(seqs, from, w) {
-			t := r.sh.tab.Load()
-			i := t.find(k)
-			if i < 0 {
-				continue // not counted: cannot happen for a started request
-			}
-			c := &t.words(i)[0]
-			if n := c.Load(); n > 1 {
-				c.Store(n - 1)
-				continue
-			}
-			r.sh.delete(t, i)
-			gone = append(gone, keys[from+j])
-		}
-	}
-	return gone
-}
-
-// len is the number of counted (block, worker) pairs.
-func (r *refCounts) len() int { return int(r.sh.tab.Load().used.Load()) }

@@ -17,6 +17,7 @@ import (
 	"dataplane/bench/plot"
 	"dataplane/bench/synth"
 	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // Policies the harness knows.
@@ -93,7 +94,7 @@ type Options struct {
 	Policies  []string       // run in order; round-robin, random, kv (kv-modality also known)
 	Encodings []string       // none
 	Encoder   Encoder        // DefaultSimEncoder
-	Router    router.Options // for kv; DefaultOptions with the engines' block size
+	Router    router.Options // for kv; DefaultOptions with the engines' block size and prefill speed
 	Vocab     int            // token ids in synthesized prompts; 32,000
 	Seed      uint64         // engines' and the random policy's; 0: random
 }
@@ -104,6 +105,7 @@ func DefaultOptions() Options {
 	e.BlockSize, e.Blocks = 512, 2048
 	r := router.DefaultOptions()
 	r.BlockSize = e.BlockSize
+	r.PrefillSecondsPerToken = 15.18e-6 // the mocker's linear prefill term (bench/mocker/perf.go)
 	return Options{Engines: 4, Engine: e, Policies: []string{RoundRobin, Random, KVAware}, Encodings: []string{EncodeNone},
 		Encoder: DefaultSimEncoder(), Router: r, Vocab: 32000}
 }
@@ -201,7 +203,11 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	if err != nil {
 		return Result{}, err
 	}
-	feeds := map[string]*router.Engine{}
+	feed, err := kvevents.NewFeed(rt, kvevents.DefaultOptions())
+	if err != nil {
+		return Result{}, err
+	}
+	feeds := map[string]*kvevents.Engine{}
 	fo := mocker.FleetOptions{Engines: opts.Engines, Prefix: "engine-", Engine: opts.Engine, Clock: mocker.Clock{Virtual: true}}
 	fo.Engine.Seed = seed
 	kv := policy == KVAware || policy == ModalityAware
@@ -216,7 +222,7 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	for i := range fleet.Len() {
 		name := fleet.Engine(i).Name()
 		index[name] = i
-		if feeds[name], err = rt.AddWorker(name); err != nil {
+		if feeds[name], err = feed.AddWorker(name); err != nil {
 			return Result{}, err
 		}
 		if err := rt.SetCapacity(name, int64(opts.Engine.Blocks)); err != nil {
@@ -229,8 +235,6 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	next := 0
 	var decision router.Decision
 	epoch := time.Unix(0, 0)
-	// Router cost units are blocks of prefill: Dynamo's linear prefill term per block.
-	blockTime := time.Duration(float64(opts.Engine.BlockSize) * 0.01518 * float64(time.Millisecond))
 	// pick chooses request i's engine at the loop's time now; wait is how long until its
 	// features are ready (modality-aware only). -1: rejected.
 	pick := func(i int, now, wait time.Duration) int {
@@ -243,7 +247,7 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 		case Random:
 			return rnd.IntN(fleet.Len())
 		}
-		req := router.Request{Tokens: p.tokens, Media: p.media, ReadyIn: float64(wait) / float64(blockTime)}
+		req := router.Request{Tokens: p.tokens, Media: p.media, ReadyIn: rt.BlocksIn(wait.Seconds())}
 		if err := rt.Decide(req, &decision); err != nil {
 			states[i].rejected = true
 			return -1

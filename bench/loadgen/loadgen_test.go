@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/test"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
@@ -19,6 +20,7 @@ import (
 	"dataplane/bench/synth"
 	"dataplane/dataplane/sequence"
 	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // runFleet runs a real-time mock fleet (20× speed) until the test ends.
@@ -144,8 +146,7 @@ func TestInProcess(t *testing.T) {
 // kv`): each conversation's later turns go to the engine holding its earlier turns, the
 // engines report the hits, and the slot tracker ends with nothing in flight.
 func TestInProcessKVRouted(t *testing.T) {
-	srv, err := router.StartEmbeddedNATS("127.0.0.1:0")
-	require.NoError(t, err)
+	srv := natsserver.RunRandClientPortServer()
 	defer srv.Shutdown()
 	pub, err := nats.Connect(srv.ClientURL())
 	require.NoError(t, err)
@@ -154,15 +155,17 @@ func TestInProcessKVRouted(t *testing.T) {
 
 	r, err := router.New(router.DefaultOptions())
 	require.NoError(t, err)
+	feed, err := kvevents.NewFeed(r, kvevents.DefaultOptions())
+	require.NoError(t, err)
 	for i := range f.Len() {
-		_, err := r.AddWorker(f.Engine(i).Name())
+		_, err := feed.AddWorker(f.Engine(i).Name())
 		require.NoError(t, err)
 	}
 	sub, err := nats.Connect(srv.ClientURL())
 	require.NoError(t, err)
 	defer sub.Close()
-	var ns router.NATSStats
-	s, err := router.StartNATS(sub, router.DefaultNATSPrefix, r, &ns)
+	var ns kvevents.NATSStats
+	s, err := kvevents.StartNATS(sub, kvevents.DefaultNATSPrefix, feed, &ns)
 	require.NoError(t, err)
 	defer s.Drain() //nolint:errcheck
 	kv, err := NewKVRouter(r, f)
@@ -207,6 +210,6 @@ func TestInProcessKVRouted(t *testing.T) {
 		}
 		return true
 	}, 5*time.Second, 10*time.Millisecond, "every request finished in the slot tracker")
-	require.Zero(t, r.Stats().Gaps.Load())
+	require.Zero(t, feed.Stats().Gaps.Load())
 	require.Zero(t, ns.UnknownWorker.Load())
 }

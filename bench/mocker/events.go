@@ -5,7 +5,7 @@ import (
 	"math"
 	"time"
 
-	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // KV events in vLLM's wire format (vllm/distributed/kv_events.py): one msgpack batch per engine
@@ -29,16 +29,16 @@ type Publisher interface {
 	Publish(worker string, seq uint64, payload []byte)
 }
 
-// PublisherFunc adapts a function (an in-process consumer such as router.Engine.Live).
+// PublisherFunc adapts a function (an in-process consumer such as kvevents.Engine.Live).
 type PublisherFunc func(worker string, seq uint64, payload []byte)
 
 func (f PublisherFunc) Publish(worker string, seq uint64, payload []byte) { f(worker, seq, payload) }
 
 // FeedRouter is the in-process sink: every engine's batches go straight to its router engine
-// (feeds[name], from router.Router.AddWorker(name)), on the engine's loop goroutine, so each
-// router engine is fed by one goroutine in order, as router.Engine requires. Batches from an
+// (feeds[name], from kvevents.Feed.AddWorker(name)), on the engine's loop goroutine, so each
+// router engine is fed by one goroutine in order, as kvevents.Engine requires. Batches from an
 // engine not in feeds are dropped. feeds must not change once the fleet runs.
-func FeedRouter(feeds map[string]*router.Engine) Publisher {
+func FeedRouter(feeds map[string]*kvevents.Engine) Publisher {
 	return PublisherFunc(func(worker string, seq uint64, payload []byte) {
 		if e := feeds[worker]; e != nil {
 			e.Live(seq, payload, nil)
@@ -95,7 +95,7 @@ type eventLog struct {
 }
 
 type pendingEvent struct {
-	kind      router.EventKind
+	kind      kvevents.EventKind
 	hashes    []uint64
 	parent    uint64
 	hasParent bool
@@ -108,7 +108,7 @@ func newEventLog(o Options, pub Publisher) *eventLog {
 	return &eventLog{name: o.Name, rank: o.DPRank, blockSize: o.BlockSize, maps: o.MapEvents, pub: pub, epoch: time.Now()}
 }
 
-func (l *eventLog) next(kind router.EventKind) *pendingEvent {
+func (l *eventLog) next(kind kvevents.EventKind) *pendingEvent {
 	if l.n == len(l.events) {
 		l.events = append(l.events, pendingEvent{})
 	}
@@ -131,8 +131,8 @@ func (l *eventLog) stored(hash, parent uint64, hasParent bool, tokens []uint32, 
 		return
 	}
 	ev := l.last()
-	if ev == nil || ev.kind != router.BlockStored || !hasParent || ev.hashes[len(ev.hashes)-1] != parent {
-		ev = l.next(router.BlockStored)
+	if ev == nil || ev.kind != kvevents.BlockStored || !hasParent || ev.hashes[len(ev.hashes)-1] != parent {
+		ev = l.next(kvevents.BlockStored)
 		ev.parent, ev.hasParent = parent, hasParent
 	}
 	ev.hashes = append(ev.hashes, hash)
@@ -146,15 +146,15 @@ func (l *eventLog) removed(hash uint64) {
 		return
 	}
 	ev := l.last()
-	if ev == nil || ev.kind != router.BlockRemoved {
-		ev = l.next(router.BlockRemoved)
+	if ev == nil || ev.kind != kvevents.BlockRemoved {
+		ev = l.next(kvevents.BlockRemoved)
 	}
 	ev.hashes = append(ev.hashes, hash)
 }
 
 func (l *eventLog) cleared() {
 	if l.pub != nil {
-		l.next(router.AllBlocksCleared)
+		l.next(kvevents.AllBlocksCleared)
 	}
 }
 
@@ -211,9 +211,9 @@ func (l *eventLog) encodeEvent(b []byte, ev *pendingEvent) []byte {
 		return b
 	}
 	switch ev.kind {
-	case router.AllBlocksCleared:
+	case kvevents.AllBlocksCleared:
 		return head(b, "AllBlocksCleared", 0)
-	case router.BlockRemoved:
+	case kvevents.BlockRemoved:
 		b = hashes(head(b, "BlockRemoved", 2))
 		return mpStr(field(b, "medium"), "GPU")
 	}

@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/test"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"dataplane/router"
+	"dataplane/router/index"
+	"dataplane/router/kvevents"
 )
 
 // multimodalWorkload is workload with media items (shared across requests, so media blocks are
@@ -55,8 +58,8 @@ type parentOf struct {
 }
 
 func (k *blockChains) record(t *testing.T, payload []byte) {
-	var b router.Batch
-	if err := router.DecodeBatch(payload, &b); err != nil {
+	var b kvevents.Batch
+	if err := kvevents.DecodeBatch(payload, &b); err != nil {
 		t.Errorf("published batch does not decode: %v", err) // not FailNow: may run off the test goroutine
 		return
 	}
@@ -66,7 +69,7 @@ func (k *blockChains) record(t *testing.T, payload []byte) {
 		k.parent = map[uint64]parentOf{}
 	}
 	for _, ev := range b.Events {
-		if ev.Kind != router.BlockStored {
+		if ev.Kind != kvevents.BlockStored {
 			continue
 		}
 		p := parentOf{ev.Parent, ev.HasParent}
@@ -98,6 +101,15 @@ func (k *blockChains) chain(h uint64) (c []uint64, ok bool) {
 	}
 }
 
+// newFeed is a router with the default options and the feed that keeps its index.
+func newFeed(t *testing.T) (*router.Router, *kvevents.Feed) {
+	rt, err := router.New(router.DefaultOptions())
+	require.NoError(t, err)
+	kv, err := kvevents.NewFeed(rt, kvevents.DefaultOptions())
+	require.NoError(t, err)
+	return rt, kv
+}
+
 // cached lists the engine's cached full blocks. Run it on the engine's goroutine.
 func cached(e *Engine) []uint64 {
 	var hs []uint64
@@ -109,9 +121,9 @@ func cached(e *Engine) []uint64 {
 // engine's KV cache holds (blocks, from cached): the engine holds each cached block's whole
 // chain (it evicts a sequence from its tail), the router matches every such chain in full for
 // the worker, and the router's count of the worker's blocks is the engine's count.
-func sameCache(t *testing.T, r *router.Router, slot router.Worker, blocks []uint64, k *blockChains) {
+func sameCache(t *testing.T, r *router.Router, slot index.Worker, blocks []uint64, k *blockChains) {
 	t.Helper()
-	var m router.Match
+	var m index.Match
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	inCache := map[uint64]bool{}
@@ -139,9 +151,8 @@ func TestEventsRebuildCacheInRouter(t *testing.T) {
 	t.Logf("seed %d", seed)
 	for _, maps := range []bool{false, true} {
 		r := rand.New(rand.NewPCG(seed, 7))
-		rt, err := router.New(router.DefaultOptions())
-		require.NoError(t, err)
-		feed, err := rt.AddWorker("e")
+		rt, kv := newFeed(t)
+		feed, err := kv.AddWorker("e")
 		require.NoError(t, err)
 		opts := DefaultOptions()
 		opts.Name, opts.Blocks, opts.MapEvents, opts.Seed = "e", 120, maps, seed
@@ -162,7 +173,7 @@ func TestEventsRebuildCacheInRouter(t *testing.T) {
 			checkOutputs(t, arr, got)
 			sameCache(t, rt, feed.Worker(), cached(e), &keys)
 		}
-		st := rt.Stats()
+		st := kv.Stats()
 		require.Zero(t, st.BadPayloads.Load()+st.BadEvents.Load()+st.UnknownParent.Load()+st.UnknownBlocks.Load()+st.SizeMismatch.Load())
 		require.Positive(t, st.BlocksRemoved.Load(), "the cache was small enough to evict")
 		t.Logf("maps %v: %d batches, %d blocks stored, %d removed, %d preemptions", maps, batches,
@@ -173,15 +184,14 @@ func TestEventsRebuildCacheInRouter(t *testing.T) {
 // A request routed by the router's own hashing (router.Request with media and salt) finds the
 // blocks the engine stored for the same prompt: the hashes agree end to end.
 func TestEventsMatchRouterDecision(t *testing.T) {
-	rt, err := router.New(router.DefaultOptions())
-	require.NoError(t, err)
-	feed, err := rt.AddWorker("e")
+	rt, kv := newFeed(t)
+	feed, err := kv.AddWorker("e")
 	require.NoError(t, err)
 	opts := DefaultOptions()
 	opts.Name = "e"
-	e, err := NewEngine(opts, FeedRouter(map[string]*router.Engine{"e": feed}))
+	e, err := NewEngine(opts, FeedRouter(map[string]*kvevents.Engine{"e": feed}))
 	require.NoError(t, err)
-	_, err = rt.AddWorker("other")
+	_, err = kv.AddWorker("other")
 	require.NoError(t, err)
 	toks := randomTokens(rand.New(rand.NewPCG(8, 8)), 200)
 	media := []router.Media{{Hash: router.MediaHash("cat.png"), Offset: 20, Length: 50}}
@@ -204,7 +214,7 @@ func TestEventsMatchRouterDecision(t *testing.T) {
 }
 
 // The same over vLLM's real transport: a ZMQ PUB socket and the ROUTER replay socket on
-// loopback, read by router.SubscribeZMQ. Batches the subscriber never received come back
+// loopback, read by kvevents.SubscribeZMQ. Batches the subscriber never received come back
 // through replay.
 func TestEventsOverZMQ(t *testing.T) {
 	pub, err := NewZMQPublisher(DefaultZMQOptions("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
@@ -236,36 +246,34 @@ func TestEventsOverZMQ(t *testing.T) {
 	require.Positive(t, lost)
 	lossy.Store(false)
 
-	rt, err := router.New(router.DefaultOptions())
-	require.NoError(t, err)
-	feed, err := rt.AddWorker("z")
+	rt, kv := newFeed(t)
+	feed, err := kv.AddWorker("z")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- router.SubscribeZMQ(ctx, router.DefaultZMQOptions(ep, replay), rt.Stats(), func(int) (*router.Engine, error) { return feed, nil })
+		done <- kvevents.SubscribeZMQ(ctx, kvevents.DefaultZMQOptions(ep, replay), kv.Stats(), func(int) (*kvevents.Engine, error) { return feed, nil })
 	}()
 	// Keep publishing until the subscriber is connected (PUB drops what nobody receives; the
 	// first batch it does see makes it replay everything before).
-	for burst := 1; rt.Stats().Batches.Load() == 0; burst++ {
+	for burst := 1; kv.Stats().Batches.Load() == 0; burst++ {
 		require.Less(t, burst, 200, "subscriber never received a batch")
 		drive(t, e, multimodalWorkload(r, 3, time.Duration(burst)*time.Hour, got), nil)
 		time.Sleep(20 * time.Millisecond)
 	}
 	drive(t, e, multimodalWorkload(r, 30, 1000*time.Hour, got), nil)
 	total := e.events.seq
-	require.Eventually(t, func() bool { return uint64(rt.Stats().Batches.Load()) == total }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return uint64(kv.Stats().Batches.Load()) == total }, 10*time.Second, 10*time.Millisecond)
 	sameCache(t, rt, feed.Worker(), cached(e), &keys)
-	require.GreaterOrEqual(t, rt.Stats().Replayed.Load(), lost, "the lost batches came by replay")
+	require.GreaterOrEqual(t, kv.Stats().Replayed.Load(), lost, "the lost batches came by replay")
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
 	require.NoError(t, pub.Close())
 }
 
-// A fleet on real time publishing over an embedded NATS server to router.SubscribeNATS.
+// A fleet on real time publishing over an embedded NATS server to kvevents.SubscribeNATS.
 func TestEventsOverNATS(t *testing.T) {
-	srv, err := router.StartEmbeddedNATS("127.0.0.1:0")
-	require.NoError(t, err)
+	srv := natsserver.RunRandClientPortServer()
 	defer srv.Shutdown()
 	nc, err := nats.Connect(srv.ClientURL())
 	require.NoError(t, err)
@@ -287,20 +295,19 @@ func TestEventsOverNATS(t *testing.T) {
 	})
 	f, err := NewFleet(fo)
 	require.NoError(t, err)
-	rt, err := router.New(router.DefaultOptions())
-	require.NoError(t, err)
-	slots := map[string]router.Worker{}
+	rt, kv := newFeed(t)
+	slots := map[string]index.Worker{}
 	for i := range f.Len() {
-		feed, err := rt.AddWorker(f.Engine(i).Name())
+		feed, err := kv.AddWorker(f.Engine(i).Name())
 		require.NoError(t, err)
 		slots[f.Engine(i).Name()] = feed.Worker()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	var ns router.NATSStats
+	var ns kvevents.NATSStats
 	before := srv.NumSubscriptions()
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = router.SubscribeNATS(ctx, sub, router.DefaultNATSPrefix, rt, &ns) }()
+	go func() { defer wg.Done(); _ = kvevents.SubscribeNATS(ctx, sub, kvevents.DefaultNATSPrefix, kv, &ns) }()
 	require.Eventually(t, func() bool { return srv.NumSubscriptions() > before }, 5*time.Second, 5*time.Millisecond)
 	go func() { defer wg.Done(); _ = f.Run(ctx) }()
 
@@ -333,14 +340,14 @@ func TestEventsOverNATS(t *testing.T) {
 	checkOutputs(t, arr, got)
 	mu.Unlock()
 	require.NoError(t, nc.Flush())
-	require.Eventually(t, func() bool { return rt.Stats().Batches.Load() == published.Load() }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return kv.Stats().Batches.Load() == published.Load() }, 10*time.Second, 10*time.Millisecond)
 	for i := range f.Len() {
 		var name string
 		var blocks []uint64
 		require.NoError(t, f.Inspect(ctx, i, func(e *Engine) { name, blocks = e.Name(), cached(e) }))
 		sameCache(t, rt, slots[name], blocks, &keys)
 	}
-	require.Zero(t, rt.Stats().Gaps.Load())
+	require.Zero(t, kv.Stats().Gaps.Load())
 	cancel()
 	wg.Wait()
 	require.Zero(t, pub.Errors.Load())

@@ -140,7 +140,7 @@ func TestKVAgainstModel(t *testing.T) {
 }
 
 // A finished sequence is evicted from its tail, as vLLM does, so the cache never holds a block
-// without the blocks before it (the router's index relies on it: router/keys.go).
+// without the blocks before it (the router's index relies on it: router/index/keys.go).
 func TestKVEvictsTailFirst(t *testing.T) {
 	var rec recorder
 	kv := NewKV(4, &rec)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // Each benchmark times its operation and a baseline in the same loop and reports the ratio
@@ -78,7 +78,7 @@ func BenchmarkEventEncode(b *testing.B) {
 	payload = l.encode(nil, 1)
 	dst := make([]byte, len(payload))
 	buf := make([]byte, 0, len(payload))
-	var batch router.Batch
+	var batch kvevents.Batch
 	var encTime, copyTime, decTime time.Duration
 	b.SetBytes(int64(len(payload)))
 	for b.Loop() {
@@ -87,7 +87,7 @@ func BenchmarkEventEncode(b *testing.B) {
 		t1 := time.Now()
 		copy(dst, payload)
 		t2 := time.Now()
-		if err := router.DecodeBatch(buf, &batch); err != nil {
+		if err := kvevents.DecodeBatch(buf, &batch); err != nil {
 			b.Fatal(err)
 		}
 		encTime += t1.Sub(t0)

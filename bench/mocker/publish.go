@@ -12,7 +12,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/nats-io/nats.go"
 
-	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // ZMQOptions configure a vLLM-style publisher. DefaultZMQOptions has the defaults.
@@ -174,16 +174,16 @@ type NATSPublisher struct {
 	Errors atomic.Int64
 }
 
-// NewNATSPublisher publishes on nc under prefix ("" : router.DefaultNATSPrefix).
+// NewNATSPublisher publishes on nc under prefix ("" : kvevents.DefaultNATSPrefix).
 func NewNATSPublisher(nc *nats.Conn, prefix string) *NATSPublisher {
 	if prefix == "" {
-		prefix = router.DefaultNATSPrefix
+		prefix = kvevents.DefaultNATSPrefix
 	}
 	return &NATSPublisher{nc: nc, prefix: prefix}
 }
 
 func (p *NATSPublisher) Publish(worker string, seq uint64, payload []byte) {
-	if p.nc.Publish(p.prefix+"."+worker, router.NATSMessage(seq, payload)) != nil {
+	if p.nc.Publish(p.prefix+"."+worker, kvevents.NATSMessage(seq, payload)) != nil {
 		p.Errors.Add(1)
 	}
 }

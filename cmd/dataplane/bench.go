@@ -16,6 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"dataplane/bench/ab"
 	"dataplane/bench/loadgen"
 	"dataplane/bench/mocker"
@@ -25,8 +27,7 @@ import (
 	"dataplane/dataplane/encoder"
 	"dataplane/native"
 	"dataplane/router"
-
-	"github.com/nats-io/nats.go"
+	"dataplane/router/kvevents"
 )
 
 func init() {
@@ -343,9 +344,10 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 type fleetRouter struct {
 	*loadgen.KVRouter
 	r      *router.Router
+	feed   *kvevents.Feed
 	nc     *nats.Conn
 	sub    *nats.Subscription
-	stats  router.NATSStats
+	stats  kvevents.NATSStats
 	tookMS []float64 // per decision; Pick is called from one goroutine
 }
 
@@ -365,19 +367,23 @@ func newFleetRouter(c *mockConfig, fleet *mocker.Fleet) (*fleetRouter, error) {
 	if err != nil {
 		return nil, err
 	}
+	feed, err := kvevents.NewFeed(r, kvevents.DefaultOptions())
+	if err != nil {
+		return nil, err
+	}
 	for i := range fleet.Len() {
-		if _, err := r.AddWorker(fleet.Engine(i).Name()); err != nil {
+		if _, err := feed.AddWorker(fleet.Engine(i).Name()); err != nil {
 			return nil, err
 		}
 	}
-	k := &fleetRouter{r: r}
+	k := &fleetRouter{r: r, feed: feed}
 	if k.KVRouter, err = loadgen.NewKVRouter(r, fleet); err != nil {
 		return nil, err
 	}
 	if k.nc, err = nats.Connect(c.natsClient); err != nil {
 		return nil, fmt.Errorf("nats %s: %w", c.natsClient, err)
 	}
-	if k.sub, err = router.StartNATS(k.nc, c.natsPrefix, r, &k.stats); err != nil {
+	if k.sub, err = kvevents.StartNATS(k.nc, c.natsPrefix, feed, &k.stats); err != nil {
 		k.nc.Close()
 		return nil, err
 	}
@@ -395,7 +401,7 @@ func (k *fleetRouter) close() {
 }
 
 func (k *fleetRouter) report(w io.Writer) {
-	st := k.r.Stats()
+	st := k.feed.Stats()
 	dropped, _ := k.sub.Dropped()
 	took := synth.Summarize(k.tookMS)
 	fmt.Fprintf(w, "router: %d decisions over %d workers (p50 %.3f ms, p99 %.3f ms each); index %d blocks\n",

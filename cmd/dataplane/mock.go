@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"dataplane/bench/mocker"
-	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 func init() {
@@ -64,7 +64,7 @@ func mockFlags(fs *flag.FlagSet, c *mockConfig) {
 	fs.IntVar(&c.zmqPort, "zmq-port", 5557, "engine i publishes on PORT+2i and serves replay on PORT+2i+1 (0: any free ports)")
 	fs.StringVar(&c.natsURL, "nats", "embedded", `with -kv-events nats: a server URL, or "embedded" to run one`)
 	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "HOST:PORT of the embedded NATS server")
-	fs.StringVar(&c.natsPrefix, "nats-prefix", router.DefaultNATSPrefix, "NATS subject prefix: engine W publishes on PREFIX.W")
+	fs.StringVar(&c.natsPrefix, "nats-prefix", kvevents.DefaultNATSPrefix, "NATS subject prefix: engine W publishes on PREFIX.W")
 	fs.DurationVar(&c.statsEvery, "stats-every", 10*time.Second, "log fleet counters this often (0: never)")
 }
 
@@ -196,7 +196,7 @@ func buildFleet(c *mockConfig, log *slog.Logger) (*mocker.Fleet, func(), error) 
 	case "nats":
 		url := c.natsURL
 		if url == "embedded" {
-			srv, err := router.StartEmbeddedNATS(c.natsListen)
+			srv, err := startEmbeddedNATS(c.natsListen)
 			if err != nil {
 				return nil, cleanup, err
 			}

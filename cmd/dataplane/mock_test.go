@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 // mockEngine is one engine as `dataplane mock`'s GET /engines lists it.
@@ -50,11 +51,13 @@ func TestMockCommand(t *testing.T) {
 
 	rt, err := router.New(router.DefaultOptions())
 	require.NoError(t, err)
-	feed, err := rt.AddWorker("mock-1")
+	kv, err := kvevents.NewFeed(rt, kvevents.DefaultOptions())
+	require.NoError(t, err)
+	feed, err := kv.AddWorker("mock-1")
 	require.NoError(t, err)
 	go func() {
-		_ = router.SubscribeZMQ(ctx, router.DefaultZMQOptions(engines[1].Events, engines[1].Replay), rt.Stats(),
-			func(int) (*router.Engine, error) { return feed, nil })
+		_ = kvevents.SubscribeZMQ(ctx, kvevents.DefaultZMQOptions(engines[1].Events, engines[1].Replay), kv.Stats(),
+			func(int) (*kvevents.Engine, error) { return feed, nil })
 	}()
 	time.Sleep(200 * time.Millisecond) // let the subscription reach the PUB socket (replay covers the rest)
 	prompt := make([]string, 64)

@@ -18,6 +18,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"dataplane/router"
+	"dataplane/router/httpapi"
+	"dataplane/router/kvevents"
 )
 
 func init() {
@@ -28,6 +30,7 @@ func init() {
 
 type routerConfig struct {
 	opts            router.Options
+	feed            kvevents.Options
 	listen          string
 	events, replays []string
 	names           map[string]string // endpoint → worker name
@@ -41,7 +44,7 @@ type routerConfig struct {
 }
 
 func parseRouterFlags(args []string, stderr io.Writer) (*routerConfig, error) {
-	c := &routerConfig{opts: router.DefaultOptions(), names: map[string]string{}}
+	c := &routerConfig{opts: router.DefaultOptions(), feed: kvevents.DefaultOptions(), names: map[string]string{}}
 	fs := flag.NewFlagSet("router", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.listen, "listen", ":8100", "HOST:PORT of the router's HTTP API")
@@ -57,7 +60,7 @@ func parseRouterFlags(args []string, stderr io.Writer) (*routerConfig, error) {
 	fs.DurationVar(&c.opts.RequestTTL, "request-ttl", c.opts.RequestTTL, "tracked requests without a finish are dropped after this")
 	fs.StringVar(&c.natsURL, "nats", "", `our engines' events over NATS: a server URL, "embedded" to run one, or "" for none`)
 	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "HOST:PORT of the embedded NATS server")
-	fs.StringVar(&c.natsPrefix, "nats-prefix", router.DefaultNATSPrefix, "NATS subject prefix: events for worker W arrive on PREFIX.W")
+	fs.StringVar(&c.natsPrefix, "nats-prefix", kvevents.DefaultNATSPrefix, "NATS subject prefix: events for worker W arrive on PREFIX.W")
 	natsWorkers := fs.String("nats-workers", "", "workers fed over NATS, comma-separated names")
 	fs.IntVar(&c.maxBody, "max-body-bytes", 16<<20, "larger request bodies get 413")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
@@ -93,11 +96,11 @@ func parseRouterFlags(args []string, stderr io.Writer) (*routerConfig, error) {
 		}
 		c.names[ep] = name
 	}
-	c.opts.Media = map[string]int{}
+	c.feed.Media = map[string]int{}
 	for i, m := range splitList(*media) {
-		c.opts.Media[m] = i
+		c.feed.Media[m] = i
 	}
-	c.opts.Index.Tiers = max(len(c.opts.Media), 1)
+	c.opts.Index.Tiers = max(len(c.feed.Media), 1)
 	c.natsWorkers = splitList(*natsWorkers)
 	if len(c.events) == 0 && len(c.natsWorkers) == 0 {
 		return usage("no workers: give -kv-events endpoints or -nats-workers")
@@ -128,12 +131,16 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	feed, err := kvevents.NewFeed(r, c.feed)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	log.Info("dataplane router starting", "listen", ln.Addr().String(), "block_size", c.opts.BlockSize,
-		"overlap_weight", c.opts.OverlapWeight, "temperature", c.opts.Temperature, "media", c.opts.Media,
+		"overlap_weight", c.opts.OverlapWeight, "temperature", c.opts.Temperature, "media", c.feed.Media,
 		"max_workers", c.opts.Index.MaxWorkers, "capacity", c.opts.Capacity, "request_ttl", c.opts.RequestTTL,
 		"kv_events", c.events, "kv_replay", c.replays, "nats", c.natsURL, "nats_workers", c.natsWorkers)
 
@@ -148,7 +155,7 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 		if name == "" {
 			name = ep
 		}
-		eng, err := r.AddWorker(name)
+		eng, err := feed.AddWorker(name)
 		if err != nil {
 			return err
 		}
@@ -156,18 +163,18 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 		if i < len(c.replays) {
 			replay = strings.TrimSpace(c.replays[i])
 		}
-		zo := router.DefaultZMQOptions(ep, replay)
+		zo := kvevents.DefaultZMQOptions(ep, replay)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ranks := map[int]*router.Engine{}
-			err := router.SubscribeZMQ(ctx, zo, r.Stats(), func(rank int) (*router.Engine, error) {
+			ranks := map[int]*kvevents.Engine{}
+			err := kvevents.SubscribeZMQ(ctx, zo, feed.Stats(), func(rank int) (*kvevents.Engine, error) {
 				if len(ranks) == 0 {
 					ranks[rank] = eng
 					return eng, nil
 				}
 				// More data-parallel ranks on one endpoint: each is its own KV cache.
-				e, err := r.AddWorker(fmt.Sprintf("%s#dp%d", name, rank))
+				e, err := feed.AddWorker(fmt.Sprintf("%s#dp%d", name, rank))
 				ranks[rank] = e
 				return e, err
 			})
@@ -181,7 +188,7 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 	if c.natsURL != "" {
 		url := c.natsURL
 		if url == "embedded" {
-			srv, err := router.StartEmbeddedNATS(c.natsListen)
+			srv, err := startEmbeddedNATS(c.natsListen)
 			if err != nil {
 				return err
 			}
@@ -195,15 +202,15 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer nc.Close()
 		for _, name := range c.natsWorkers {
-			if _, err := r.AddWorker(name); err != nil {
+			if _, err := feed.AddWorker(name); err != nil {
 				return err
 			}
 		}
-		var stats router.NATSStats
+		var stats kvevents.NATSStats
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := router.SubscribeNATS(ctx, nc, c.natsPrefix, r, &stats); err != nil && !errors.Is(err, context.Canceled) {
+			if err := kvevents.SubscribeNATS(ctx, nc, c.natsPrefix, feed, &stats); err != nil && !errors.Is(err, context.Canceled) {
 				errc <- err
 			}
 		}()
@@ -228,8 +235,8 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		router.NewCollector(r))
-	h := router.NewHTTPHandler(r, reg)
+		router.NewCollector(r), kvevents.NewCollector(feed))
+	h := httpapi.NewHandler(r, reg)
 	h.SetLogger(log) // decisions at debug level: --log-level debug
 	srv := &fasthttp.Server{Handler: h.Handle, Name: "dataplane-router", MaxRequestBodySize: c.maxBody,
 		ReadTimeout: time.Minute, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}

@@ -15,20 +15,29 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// startRouter runs `dataplane router` on loopback with a vLLM-style publisher there as its
+// worker's event source (named name, or after its endpoint when name is "") and returns the
+// publisher, the API's address and the command's stop once the router has subscribed.
+func startRouter(t *testing.T, name string) (pub zmq4.Socket, addr string, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	pub = zmq4.NewPub(ctx)
+	require.NoError(t, pub.Listen("tcp://127.0.0.1:0"))
+	t.Cleanup(func() { pub.Close() })
+	ep := "tcp://" + pub.Addr().String()
+	args := []string{"router", "--listen", "127.0.0.1:0", "--kv-events", ep}
+	if name != "" {
+		args = append(args, "--workers", name+"="+ep)
+	}
+	m, stop := startCommand(t, args, regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
+	require.Eventually(t, func() bool { return len(pub.(interface{ Topics() []string }).Topics()) > 0 }, 10*time.Second, 10*time.Millisecond)
+	return pub, m[0][1], stop
+}
+
 // `dataplane router` against a vLLM-style publisher on loopback: one BlockStored batch in, a
 // routing answer out that sees the cached block.
 func TestRouterCommand(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pub := zmq4.NewPub(ctx)
-	require.NoError(t, pub.Listen("tcp://127.0.0.1:0"))
-	defer pub.Close()
-	ep := "tcp://" + pub.Addr().String()
-
-	m, stop := startCommand(t, []string{"router", "--listen", "127.0.0.1:0", "--kv-events", ep, "--workers", "vllm-a=" + ep},
-		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
-	addr := m[0][1]
-	require.Eventually(t, func() bool { return len(pub.(interface{ Topics() []string }).Topics()) > 0 }, 10*time.Second, 10*time.Millisecond)
+	pub, addr, stop := startRouter(t, "vllm-a")
 
 	// [1, [["BlockStored", [7], nil, [0..15], 16, nil, "GPU"]]] in msgpack, tokens 0..15.
 	payload := []byte{0x92, 0x01, 0x91, 0x97, 0xab}

@@ -20,7 +20,7 @@ import (
 	"dataplane/dataplane/api"
 	"dataplane/dataplane/worker"
 	"dataplane/native"
-	"dataplane/router"
+	"dataplane/router/kvevents"
 )
 
 func init() {
@@ -254,14 +254,14 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 			log.Warn("no KV events for a worker: routing sees its load but not its cache", "worker", w.Name())
 			continue
 		}
-		zo := router.DefaultZMQOptions(p.events[i], "")
+		zo := kvevents.DefaultZMQOptions(p.events[i], "")
 		if i < len(p.replays) {
 			zo.Replay = p.replays[i]
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := router.SubscribeZMQ(subCtx, zo, svc.Router().Stats(), func(rank int) (*router.Engine, error) {
+			err := kvevents.SubscribeZMQ(subCtx, zo, svc.Feed().Stats(), func(rank int) (*kvevents.Engine, error) {
 				if rank != 0 {
 					return nil, fmt.Errorf("worker %s publishes data-parallel rank %d: give each rank its own --workers entry", w.Name(), rank)
 				}
@@ -313,7 +313,7 @@ func selectBackend(ctx context.Context, explicit string, log *slog.Logger) backe
 // as the daemon's LLM workers; their KV events, in vLLM's wire format, go straight to the
 // router's engines.
 func addMockFleet(ctx context.Context, wg *sync.WaitGroup, svc *dataplane.Service, n, blockSize int, speedup float64, log *slog.Logger) error {
-	feeds := map[string]*router.Engine{}
+	feeds := map[string]*kvevents.Engine{}
 	fo := mocker.DefaultFleetOptions()
 	fo.Engines = n
 	fo.Engine.BlockSize = blockSize

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes the router's test vectors from independent implementations.
+"""Writes the router's and kvevents' test vectors from independent implementations.
 
 XXH3-64 comes from Debian's python3-xxhash (the reference C library), msgpack from Debian's
 python3-msgpack. Run once after changing it: `/usr/bin/python3 gen_vectors.py` in this folder;
@@ -12,8 +12,11 @@ Outputs:
                       seed = 1337 (+ xxh3(lora, 0)) (+ xxh3(salt, 1)), local = xxh3(tokens as LE u32
                       || sorted media hashes of items overlapping the block as LE u64, seed),
                       seq[0] = local[0], seq[i] = xxh3(LE(seq[i-1]) || LE(local[i]), 1337).
-  vllm_batches.json   vLLM KV-event batches encoded as msgspec would (array_like tagged arrays, and
+  ../kvevents/testdata/vllm_batches.json
+                      vLLM KV-event batches encoded as msgspec would (array_like tagged arrays, and
                       the newer maps with "type"), with the values a decoder must read back.
+                      (Written from here: it draws from the same random stream, after the block
+                      vectors.)
 """
 import json
 import random
@@ -170,7 +173,7 @@ def main():
         json.dump(xxh3_vectors(), f, indent=0)
     with open("block_vectors.json", "w") as f:
         json.dump(block_vectors(rng), f, indent=0)
-    with open("vllm_batches.json", "w") as f:
+    with open("../kvevents/testdata/vllm_batches.json", "w") as f:
         json.dump(vllm_batches(rng), f, indent=1)
 
 

@@ -1,4 +1,7 @@
-package router
+// Package httpapi is the standalone router's HTTP API on fasthttp: routing decisions, the
+// request lifecycle, worker state, the last decisions explained, and /metrics. The router
+// itself knows nothing of HTTP. README.md is its map.
+package httpapi
 
 import (
 	"context"
@@ -14,9 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"dataplane/router"
 )
 
-// The router's HTTP API (the standalone `dataplane router`, and a debug surface for the daemon):
+// The API (the standalone `dataplane router`):
 //
 //	POST /v1/route      {"token_ids": [...], "media": [...], "salt", "lora", "allow": [...], "request_id"}
 //	                    → {"worker", "blocks", "tokens", "scores": [per worker: overlap, load, cost, ...]}
@@ -38,7 +43,7 @@ type RouteRequest struct {
 }
 
 // RouteMedia is a media item: its hash (a number, or a string holding a decimal or 0x-hex
-// number) or its identifier (vLLM's mm_hash / uuid, mapped with MediaHash), and its placeholder
+// number) or its identifier (vLLM's mm_hash / uuid, mapped with router.MediaHash), and its placeholder
 // tokens' position.
 type RouteMedia struct {
 	Hash   json.RawMessage `json:"hash,omitempty"`
@@ -47,11 +52,11 @@ type RouteMedia struct {
 	Length int             `json:"length"`
 }
 
-func (m RouteMedia) toMedia(i int) (Media, error) {
-	out := Media{Offset: m.Offset, Length: m.Length}
+func (m RouteMedia) toMedia(i int) (router.Media, error) {
+	out := router.Media{Offset: m.Offset, Length: m.Length}
 	switch {
 	case m.ID != "" && len(m.Hash) == 0:
-		out.Hash = MediaHash(m.ID)
+		out.Hash = router.MediaHash(m.ID)
 	case m.ID == "" && len(m.Hash) > 0:
 		s := strings.Trim(string(m.Hash), `"`)
 		v, err := strconv.ParseUint(s, 0, 64)
@@ -71,27 +76,24 @@ type LifecycleRequest struct {
 	Event     string `json:"event"`
 }
 
-// HTTPHandler serves the router's API on fasthttp. Registry is where /metrics reads from (the
+// Handler serves the router's API on fasthttp. Registry is where /metrics reads from (the
 // router's Collector must be registered there by the caller).
-type HTTPHandler struct {
-	r        *Router
+type Handler struct {
+	r        *router.Router
 	metrics  fasthttp.RequestHandler
 	latency  prometheus.Histogram
 	requests *prometheus.CounterVec
 	now      func() time.Time
 
 	log    *slog.Logger // nil: decisions are not logged
-	recent *DecisionLog
+	recent *router.DecisionLog
 }
 
-// RecentDecisions is how many decisions GET /debug/route can look up by request id.
-const RecentDecisions = 256
-
-// NewHTTPHandler builds the handler and registers its own request metrics on reg.
-func NewHTTPHandler(r *Router, reg *prometheus.Registry) *HTTPHandler {
-	h := &HTTPHandler{
+// NewHandler builds the handler and registers its own request metrics on reg.
+func NewHandler(r *router.Router, reg *prometheus.Registry) *Handler {
+	h := &Handler{
 		r:       r,
-		recent:  NewDecisionLog(RecentDecisions),
+		recent:  router.NewDecisionLog(router.RecentDecisions),
 		metrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dataplane_router_route_duration_seconds",
@@ -111,12 +113,12 @@ func NewHTTPHandler(r *Router, reg *prometheus.Registry) *HTTPHandler {
 // SetLogger makes the handler log each routing decision on l at debug level: the chosen worker
 // and, per worker, overlap, load and cost in one line (see CompactScores). Call it before
 // serving; when l does not log at debug level, nothing is formatted.
-func (h *HTTPHandler) SetLogger(l *slog.Logger) { h.log = l }
+func (h *Handler) SetLogger(l *slog.Logger) { h.log = l }
 
 // CompactScores writes a decision's explanation in one short line, a worker after another:
 // "name[ov=cached blocks act=active blocks pf=prefill tokens cost=C]", with p= when the worker
 // was drawn at a temperature, or "name[excluded: why]".
-func CompactScores(scores []WorkerScore) string {
+func CompactScores(scores []router.WorkerScore) string {
 	var b strings.Builder
 	for i, s := range scores {
 		if i > 0 {
@@ -138,7 +140,7 @@ func CompactScores(scores []WorkerScore) string {
 	return b.String()
 }
 
-func (h *HTTPHandler) logDecision(id string, d *Decision, err error) {
+func (h *Handler) logDecision(id string, d *router.Decision, err error) {
 	if h.log == nil || !h.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
@@ -150,7 +152,7 @@ func (h *HTTPHandler) logDecision(id string, d *Decision, err error) {
 		"scores", CompactScores(d.Scores))
 }
 
-func (h *HTTPHandler) debugRoute(ctx *fasthttp.RequestCtx) {
+func (h *Handler) debugRoute(ctx *fasthttp.RequestCtx) {
 	id := string(ctx.QueryArgs().Peek("request_id"))
 	d, ok := h.recent.Get(id)
 	if !ok {
@@ -162,7 +164,7 @@ func (h *HTTPHandler) debugRoute(ctx *fasthttp.RequestCtx) {
 }
 
 // Handle is the fasthttp handler.
-func (h *HTTPHandler) Handle(ctx *fasthttp.RequestCtx) {
+func (h *Handler) Handle(ctx *fasthttp.RequestCtx) {
 	route := "other"
 	switch path, post := string(ctx.Path()), ctx.IsPost(); {
 	case path == "/v1/route" && post:
@@ -195,7 +197,7 @@ func (h *HTTPHandler) Handle(ctx *fasthttp.RequestCtx) {
 	h.requests.WithLabelValues(route, strconv.Itoa(ctx.Response.StatusCode())).Inc()
 }
 
-func (h *HTTPHandler) route(ctx *fasthttp.RequestCtx) {
+func (h *Handler) route(ctx *fasthttp.RequestCtx) {
 	var req RouteRequest
 	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "body: "+err.Error())
@@ -205,7 +207,7 @@ func (h *HTTPHandler) route(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "token_ids: empty")
 		return
 	}
-	media := make([]Media, 0, len(req.Media))
+	media := make([]router.Media, 0, len(req.Media))
 	for i, m := range req.Media {
 		mm, err := m.toMedia(i)
 		if err != nil {
@@ -214,11 +216,11 @@ func (h *HTTPHandler) route(ctx *fasthttp.RequestCtx) {
 		}
 		media = append(media, mm)
 	}
-	var d Decision
-	err := h.r.Decide(Request{Tokens: req.TokenIDs, Media: media, LoRA: req.LoRA, Salt: req.Salt, Allow: req.Allow}, &d)
+	var d router.Decision
+	err := h.r.Decide(router.Request{Tokens: req.TokenIDs, Media: media, LoRA: req.LoRA, Salt: req.Salt, Allow: req.Allow}, &d)
 	h.logDecision(req.RequestID, &d, err)
-	var bad *ErrBadMedia
-	var none *ErrNoWorker
+	var bad *router.ErrBadMedia
+	var none *router.ErrNoWorker
 	switch {
 	case errors.As(err, &bad):
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
@@ -240,7 +242,7 @@ func (h *HTTPHandler) route(ctx *fasthttp.RequestCtx) {
 	h.recent.Add(req.RequestID, d)
 }
 
-func (h *HTTPHandler) lifecycle(ctx *fasthttp.RequestCtx) {
+func (h *Handler) lifecycle(ctx *fasthttp.RequestCtx) {
 	var req LifecycleRequest
 	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "body: "+err.Error())

@@ -1,4 +1,4 @@
-package router
+package kvevents
 
 import (
 	"encoding/binary"

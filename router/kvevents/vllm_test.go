@@ -1,25 +1,31 @@
-package router
+package kvevents
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"math"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router"
+	"dataplane/router/internal/testrand"
 )
 
 type wantEvent struct {
-	Type      string   `json:"type"`
-	Hashes    []string `json:"hashes"`
-	Parent    *string  `json:"parent"`
-	Tokens    []uint32 `json:"tokens"`
-	BlockSize int      `json:"block_size"`
-	Medium    string   `json:"medium"`
-	LoraName  string   `json:"lora_name"`
-	Group     *int     `json:"group"`
-	Kind      string   `json:"kind"`
+	Type      string    `json:"type"`
+	Hashes    []decimal `json:"hashes"`
+	Parent    *decimal  `json:"parent"`
+	Tokens    []uint32  `json:"tokens"`
+	BlockSize int       `json:"block_size"`
+	Medium    string    `json:"medium"`
+	LoraName  string    `json:"lora_name"`
+	Group     *int      `json:"group"`
+	Kind      string    `json:"kind"`
 }
 
 type batchCase struct {
@@ -32,10 +38,27 @@ type batchCase struct {
 	} `json:"want"`
 }
 
+// batchCases are testdata/vllm_batches.json: payloads python3-msgpack wrote and what they hold
+// (router/testdata/gen_vectors.py).
 func batchCases(t testing.TB) []batchCase {
+	b, err := os.ReadFile("testdata/vllm_batches.json")
+	require.NoError(t, err)
 	var cases []batchCase
-	readJSON(t, "vllm_batches.json", &cases)
+	require.NoError(t, json.Unmarshal(b, &cases))
 	return cases
+}
+
+// decimal is a uint64 the vectors write as a decimal string (JSON numbers end at 2^53).
+type decimal uint64
+
+func (d *decimal) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	*d = decimal(v)
+	return err
 }
 
 // Payloads written by python3-msgpack in both of msgspec's layouts decode to what was encoded.
@@ -60,7 +83,7 @@ func TestDecodeBatchReferencePayloads(t *testing.T) {
 			}
 			require.Len(t, ev.Hashes, len(w.Hashes))
 			for j := range w.Hashes {
-				require.Equal(t, u64(t, w.Hashes[j]), ev.Hashes[j], "%s event %d hash %d", c.Name, i, j)
+				require.Equal(t, uint64(w.Hashes[j]), ev.Hashes[j], "%s event %d hash %d", c.Name, i, j)
 			}
 			require.Equal(t, w.Medium, ev.Medium)
 			wantGroup := -1
@@ -71,7 +94,7 @@ func TestDecodeBatchReferencePayloads(t *testing.T) {
 			if ev.Kind == BlockStored {
 				require.Equal(t, w.Parent != nil, ev.HasParent)
 				if w.Parent != nil {
-					require.Equal(t, u64(t, *w.Parent), ev.Parent)
+					require.Equal(t, uint64(*w.Parent), ev.Parent)
 				}
 				require.Equal(t, w.Tokens, ev.Tokens)
 				require.Equal(t, w.BlockSize, ev.BlockSize)
@@ -99,9 +122,44 @@ func TestDecodeExtraKeys(t *testing.T) {
 	require.Equal(t, "my-lora", ev.LoraName)
 	require.Len(t, ev.Extra, 2)
 	require.Equal(t, "tenant", ev.Extra[0].Salt)
-	require.Equal(t, []uint64{MediaHash("img-uuid"), 0x0123456789abcdef}, ev.Extra[0].Media)
+	require.Equal(t, []uint64{router.MediaHash("img-uuid"), 0x0123456789abcdef}, ev.Extra[0].Media)
 	require.Equal(t, "", ev.Extra[1].Salt)
 	require.Len(t, ev.Extra[1].Media, 1)
+}
+
+// Decoding into a reused Batch allocates nothing for what a text-only engine publishes (stores
+// and removes, both layouts, the reference payloads); strings that outlive the payload are
+// copied: a LoRA name is one allocation, and extra keys (media, salt) a few per block.
+func TestDecodeBatchAllocs(t *testing.T) {
+	c := newConvo(testrand.New(t), 64)
+	var b Batch
+	f := func(name string, payload []byte, want float64) {
+		t.Helper()
+		require.NoError(t, DecodeBatch(payload, &b), name)
+		require.Equal(t, want, testing.AllocsPerRun(100, func() { _ = DecodeBatch(payload, &b) }), name)
+	}
+	for _, asMap := range []bool{false, true} {
+		f("stores and removes", batchOf(asMap, func(e *msgpackEncoder) {
+			c.stored(e, 0, 32, asMap)
+			c.stored(e, 32, 64, asMap)
+			c.removed(e, 0, 64)
+		}, 3), 0)
+	}
+	for _, bc := range batchCases(t) {
+		if bc.Name != "array-full" { // its store names a LoRA and has extra keys
+			payload, err := hex.DecodeString(bc.Payload)
+			require.NoError(t, err)
+			f(bc.Name, payload, 0)
+		}
+	}
+	e := &msgpackEncoder{}
+	e.array(2).float(1).array(1)
+	e.array(8).str("BlockStored").array(1).uint(1).nil().array(16)
+	for i := range 16 {
+		e.uint(uint64(i))
+	}
+	e.uint(16).nil().str("GPU").str("my-lora")
+	f("a LoRA name", e.b, 1)
 }
 
 func TestDecodeBatchErrors(t *testing.T) {
@@ -143,7 +201,7 @@ func unknownEvent(e *msgpackEncoder, asMap bool) {
 // An event of an unknown type is skipped and counted; the events around it decode and, through
 // an Engine, apply, in both the tagged-array and the map layout, in array and map batches.
 func TestDecodeBatchSkipsUnknownEvents(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	for _, asMap := range []bool{false, true} {
 		c := newConvo(r, 6)
 		payload := batchOf(asMap, func(e *msgpackEncoder) {

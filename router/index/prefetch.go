@@ -1,6 +1,6 @@
 //go:build amd64 || arm64
 
-package router
+package index
 
 // prefetch asks the CPU to start loading the cache line at each address and returns at once.
 // The index issues one per block of a query before probing, so the blocks' cache misses overlap

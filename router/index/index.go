@@ -1,4 +1,9 @@
-package router
+// Package index is the router's cache index: which workers hold which KV blocks (by sequence
+// hash), per tier, in sharded open-addressing tables that lookups read without a lock; and
+// Counts, a per-(block, worker) counter of the same kind. It imports only the standard
+// library. README.md is its map, LOCKS.md (in the router's folder) its locking, NOTES.md how
+// the layout was measured into shape.
+package index
 
 import (
 	"fmt"
@@ -8,8 +13,8 @@ import (
 	"unsafe"
 )
 
-// IndexOptions size an Index. DefaultIndexOptions has the defaults.
-type IndexOptions struct {
+// Options size an Index. DefaultOptions has the defaults.
+type Options struct {
 	// MaxWorkers is how many workers can be registered at once; rounded up to a multiple of 64
 	// (one mask word per 64 workers per tier). Default 64.
 	MaxWorkers int
@@ -20,9 +25,9 @@ type IndexOptions struct {
 	Shards int
 }
 
-// DefaultIndexOptions: 64 workers, one tier, 256 shards.
-func DefaultIndexOptions() IndexOptions {
-	return IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 256}
+// DefaultOptions: 64 workers, one tier, 256 shards.
+func DefaultOptions() Options {
+	return Options{MaxWorkers: 64, Tiers: 1, Shards: 256}
 }
 
 // Worker is a worker's slot in an Index: a small dense number handed out by AddWorker.
@@ -33,7 +38,7 @@ type Worker int
 // concurrent use; events of one worker must be applied in order by the caller (one goroutine
 // per worker does it), and nothing may store for a worker after RemoveWorker.
 type Index struct {
-	opts   IndexOptions
+	opts   Options
 	words  int // mask words per tier
 	stride int // words per slot: key + tiers × words
 	shift  uint
@@ -54,27 +59,27 @@ type workerState struct {
 
 type evictCursor struct{ shard, slot int }
 
-// ErrIndexOptions reports an unusable IndexOptions field.
-type ErrIndexOptions struct{ Field, Problem string }
+// ErrOptions reports an unusable Options field.
+type ErrOptions struct{ Field, Problem string }
 
-func (e *ErrIndexOptions) Error() string { return "index options: " + e.Field + " " + e.Problem }
+func (e *ErrOptions) Error() string { return "index options: " + e.Field + " " + e.Problem }
 
 // ErrNoWorkerSlot means MaxWorkers workers are registered already.
 type ErrNoWorkerSlot struct{ Max int }
 
 func (e *ErrNoWorkerSlot) Error() string {
-	return fmt.Sprintf("index full: %d workers registered (IndexOptions.MaxWorkers)", e.Max)
+	return fmt.Sprintf("index full: %d workers registered (index.Options.MaxWorkers)", e.Max)
 }
 
-// NewIndex returns an empty index.
-func NewIndex(opts IndexOptions) (*Index, error) {
+// New returns an empty index.
+func New(opts Options) (*Index, error) {
 	switch {
 	case opts.MaxWorkers <= 0 || opts.MaxWorkers > 1<<16:
-		return nil, &ErrIndexOptions{"MaxWorkers", fmt.Sprintf("%d: want 1..65536", opts.MaxWorkers)}
+		return nil, &ErrOptions{"MaxWorkers", fmt.Sprintf("%d: want 1..65536", opts.MaxWorkers)}
 	case opts.Tiers <= 0 || opts.Tiers > 8:
-		return nil, &ErrIndexOptions{"Tiers", fmt.Sprintf("%d: want 1..8", opts.Tiers)}
+		return nil, &ErrOptions{"Tiers", fmt.Sprintf("%d: want 1..8", opts.Tiers)}
 	case opts.Shards <= 0 || opts.Shards > 1<<16 || opts.Shards&(opts.Shards-1) != 0:
-		return nil, &ErrIndexOptions{"Shards", fmt.Sprintf("%d: want a power of two up to 65536", opts.Shards)}
+		return nil, &ErrOptions{"Shards", fmt.Sprintf("%d: want a power of two up to 65536", opts.Shards)}
 	}
 	words := (opts.MaxWorkers + 63) / 64
 	opts.MaxWorkers = words * 64
@@ -104,7 +109,7 @@ func NewIndex(opts IndexOptions) (*Index, error) {
 }
 
 // Options returns the options the index was built with (MaxWorkers rounded up).
-func (ix *Index) Options() IndexOptions { return ix.opts }
+func (ix *Index) Options() Options { return ix.opts }
 
 // AddWorker registers a worker holding at most capacity blocks per tier (0: no cap) and
 // returns its slot. Slots of removed workers are reused.
@@ -300,6 +305,35 @@ func (ix *Index) Remove(w Worker, tier int, keys []uint64) int {
 	removed := ix.clearEach(w, tier, keys)
 	ix.workers[w].counts[tier].Add(-int64(removed))
 	return removed
+}
+
+// MoveKey handles a block (sequence hash seq, parent key pk) that worker w just stored on tier
+// under key, and held on the tiers in held (bit t: tier t) under another key, old: a cap
+// evicted a block before it, and this time a sibling decided otherwise (keys.go). The worker's
+// bits at the old key would never be removed, so they go; its other tiers are stored under the
+// new key. It returns the tiers the worker now holds the block on besides tier. A writer that
+// remembers the keys Store chose (an engine) calls it when Store gives a block it holds a new
+// one.
+func (ix *Index) MoveKey(w Worker, held uint8, old, pk, seq, key uint64, tier int) uint8 {
+	var moved uint8
+	for t := range ix.opts.Tiers {
+		if held&(1<<t) == 0 {
+			continue
+		}
+		ix.Remove(w, t, []uint64{old})
+		if t == tier {
+			continue
+		}
+		var k [1]uint64
+		ix.Store(w, t, pk, []uint64{seq}, k[:])
+		if k[0] != key { // the index changed meanwhile (a cap evicted the block at key, or another
+			// worker's sibling came or went): drop the tier rather than track two keys
+			ix.Remove(w, t, k[:])
+			continue
+		}
+		moved |= 1 << t
+	}
+	return moved
 }
 
 // clearEach clears worker w's bit on tier for each key, under its shard's lock, prefetching runs
@@ -562,7 +596,7 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 			// Probe for the first block, then read on while the next slot holds the next key, up
 			// to the group's end or a block that leaves no worker (the lookup ends there). The
 			// probe is table.find for stride 2, written out: calling find cost 20 % at p50 and
-			// 40 % at p99 (README).
+			// 40 % at p99 (NOTES.md).
 			var h uint64
 			found, cont := false, continues(key)
 			i := key & mask

@@ -1,4 +1,4 @@
-package router
+package index
 
 import (
 	"runtime"
@@ -34,10 +34,6 @@ type shard struct {
 	// redirects counts the blocks whose child key had its home in this shard and that went to
 	// their branch key because a sibling held that place (Index.store1).
 	redirects uint64
-
-	// brokenDelete makes deletes leave a hole instead of shifting the probe run back: a
-	// deliberate bug, set only by the test that proves the model check catches bugs.
-	brokenDelete bool
 }
 
 type table struct {
@@ -315,19 +311,22 @@ func (s *shard) emptyAt(t *table, i int) bool {
 // delete removes slot i (whose masks are all zero) and shrinks the table when it is mostly empty.
 func (s *shard) delete(t *table, i int) {
 	s.version.Add(1)
-	s.deleteAt(t, i)
+	deleteSlot(t, i)
 	s.version.Add(1)
 	if t.sparse() {
 		s.swap(t.rebuilt(t.size() / 2))
 	}
 }
 
-func (s *shard) deleteAt(t *table, i int) {
-	if s.brokenDelete {
-		for w := range t.stride {
-			t.slots[i*t.stride+w].Store(0)
-		}
-		t.used.Add(-1)
+// brokenDelete, when set, stands in for table.deleteAt in every shard's deletes. Only the
+// tests that prove the model checks catch a broken index set it (to a delete that leaves a
+// hole in the probe run); it is nil otherwise, and the hot shard struct carries no test state.
+var brokenDelete func(t *table, i int)
+
+// deleteSlot deletes slot i of a shard's table: t.deleteAt, unless a test broke it.
+func deleteSlot(t *table, i int) {
+	if brokenDelete != nil {
+		brokenDelete(t, i)
 		return
 	}
 	t.deleteAt(i)
@@ -367,7 +366,7 @@ func (s *shard) clearWorker(word int, bit uint64, t0, t1, wordsPerTier, from, li
 			// start of the table to its end may be visited twice, which is harmless. A shrink
 			// rebuilds the table: continue in the new one from its start.
 			s.version.Add(1)
-			s.deleteAt(t, i)
+			deleteSlot(t, i)
 			s.version.Add(1)
 			if t.sparse() {
 				t = s.swap(t.rebuilt(t.size() / 2))

@@ -1,9 +1,11 @@
-package router
+package index
 
 import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/internal/testrand"
 )
 
 // Keys by the definition in keys.go, written out plainly: block i of a sequence belongs to
@@ -11,8 +13,8 @@ import (
 // low bits of a position cleared; the key is the high 32 bits of the block's own hash and home +
 // i%keyGroup.
 func TestChainKeysByDefinition(t *testing.T) {
-	r := newRand(t)
-	seqs := randomHashes(r, 300)
+	r := testrand.New(t)
+	seqs := testrand.Hashes(r, 300)
 	keys := ChainKeys(nil, seqs)
 	require.Len(t, keys, len(seqs))
 	for i, k := range keys {
@@ -43,14 +45,14 @@ func TestChainKeysByDefinition(t *testing.T) {
 // slots of a one-word index are 16 bytes: 16 of them are four cache lines on one page), so a
 // lookup misses the cache once per group rather than once per block.
 func TestGroupsShareShardAndRun(t *testing.T) {
-	r := newRand(t)
-	ix, err := NewIndex(DefaultIndexOptions())
+	r := testrand.New(t)
+	ix, err := New(DefaultOptions())
 	require.NoError(t, err)
 	w, _ := ix.AddWorker(0)
 	for range 2000 { // fill the tables to a realistic size and load
-		require.Positive(t, ix.Store(w, 0, 0, randomHashes(r, 64), nil))
+		require.Positive(t, ix.Store(w, 0, 0, testrand.Hashes(r, 64), nil))
 	}
-	seqs := randomHashes(r, 256)
+	seqs := testrand.Hashes(r, 256)
 	keys := make([]uint64, len(seqs))
 	ix.Store(w, 0, 0, seqs, keys)
 	same := 0
@@ -85,9 +87,9 @@ func TestGroupsShareShardAndRun(t *testing.T) {
 
 // twoWorkerIndex is a default index for maxWorkers workers with two of them registered.
 func twoWorkerIndex(t *testing.T, maxWorkers int) (*Index, Worker, Worker) {
-	opts := DefaultIndexOptions()
+	opts := DefaultOptions()
 	opts.MaxWorkers = maxWorkers
-	ix, err := NewIndex(opts)
+	ix, err := New(opts)
 	require.NoError(t, err)
 	a, _ := ix.AddWorker(0)
 	b, _ := ix.AddWorker(0)
@@ -99,11 +101,11 @@ func twoWorkerIndex(t *testing.T, maxWorkers int) (*Index, Worker, Worker) {
 // on one-word and multi-word indexes.
 func TestGroupPushedFromHome(t *testing.T) {
 	for _, workers := range []int{64, 128} {
-		r := newRand(t)
+		r := testrand.New(t)
 		ix, wa, wb := twoWorkerIndex(t, workers)
 		// a fills the keyGroup slots from its home; x, one block with the same home, lands after them,
 		// in b's home, so b's first group sits one slot on.
-		a, b := randomHashes(r, keyGroup), randomHashes(r, 2*keyGroup)
+		a, b := testrand.Hashes(r, keyGroup), testrand.Hashes(r, 2*keyGroup)
 		x := []uint64{r.Uint64()&^keyHomeMask | a[0]&keyHomeMask}
 		b[0] = b[0]&^keyHomeMask | uint64(uint32(a[0])&^keyPosMask+keyGroup)
 		ka, kx, kb := make([]uint64, len(a)), make([]uint64, 1), make([]uint64, len(b))
@@ -146,14 +148,14 @@ func TestGroupPushedFromHome(t *testing.T) {
 // after the first one goes, on one-word and multi-word indexes.
 func TestSiblingsBranchToHomesOfTheirOwn(t *testing.T) {
 	for _, workers := range []int{64, 128} {
-		r := newRand(t)
+		r := testrand.New(t)
 		ix, w, other := twoWorkerIndex(t, workers)
 		const branch = 3 // blocks of shared prefix: the branch is at position 3 of the group
-		prefix := randomHashes(r, branch)
+		prefix := testrand.Hashes(r, branch)
 		var sibs [][]uint64
 		var keys [][]uint64
 		for range 50 {
-			c := append(append([]uint64(nil), prefix...), randomHashes(r, 2*keyGroup)...)
+			c := append(append([]uint64(nil), prefix...), testrand.Hashes(r, 2*keyGroup)...)
 			k := make([]uint64, len(c))
 			ix.Store(w, 0, 0, c, k)
 			sibs, keys = append(sibs, c), append(keys, k)
@@ -195,7 +197,7 @@ func TestSiblingsBranchToHomesOfTheirOwn(t *testing.T) {
 		// sibling takes the free place in the group.
 		ix.Remove(w, 0, keys[0][branch:])
 		check(1)
-		c := append(append([]uint64(nil), prefix...), randomHashes(r, keyGroup)...)
+		c := append(append([]uint64(nil), prefix...), testrand.Hashes(r, keyGroup)...)
 		k = make([]uint64, len(c))
 		ix.Store(w, 0, 0, c, k)
 		require.Equal(t, ChainKeys(nil, c), k)

@@ -1,4 +1,4 @@
-package router
+package index
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/internal/testrand"
 )
 
 // checkSummaries compares each shard's group summaries (summary.go) with summaries computed
@@ -82,12 +84,12 @@ func (ix *Index) checkSummaries() error {
 // Summaries follow a group through stores, a partial remove, a branch and a clear, and a lookup
 // reads them: the whole-group fast path gives the walk's answer.
 func TestSummaryFollowsGroup(t *testing.T) {
-	ix, err := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 2})
+	ix, err := New(Options{MaxWorkers: 64, Tiers: 1, Shards: 2})
 	require.NoError(t, err)
 	a, _ := ix.AddWorker(0)
 	b, _ := ix.AddWorker(0)
-	r := newRand(t)
-	chain := randomHashes(r, 3*keyGroup)
+	r := testrand.New(t)
+	chain := testrand.Hashes(r, 3*keyGroup)
 	sums := func() int64 {
 		var n int64
 		for i := range ix.shards {
@@ -128,7 +130,7 @@ func TestSummaryFollowsGroup(t *testing.T) {
 	require.EqualValues(t, 2, sums())
 	check(g+half+1, g+quarter)
 	// A sibling branching off block 4 goes to its branch key and leaves the group as it was.
-	sib := append(slices.Clone(chain[:5]), randomHashes(r, 2*g-5)...)
+	sib := append(slices.Clone(chain[:5]), testrand.Hashes(r, 2*g-5)...)
 	ix.Store(b, 0, keys[4], sib[5:], nil)
 	check(g+half+1, g+quarter)
 	ix.ClearWorker(a)
@@ -141,10 +143,10 @@ func TestSummaryFollowsGroup(t *testing.T) {
 // A lookup through summaries allocates nothing once its Match has grown to the index's layout:
 // its scratch (summary keys, holders, prefetch addresses) lives on the stack.
 func TestMatchWithSummariesAllocatesNothing(t *testing.T) {
-	ix, err := NewIndex(DefaultIndexOptions())
+	ix, err := New(DefaultOptions())
 	require.NoError(t, err)
-	r := newRand(t)
-	chain := randomHashes(r, 600) // more than one window of summaries
+	r := testrand.New(t)
+	chain := testrand.Hashes(r, 600) // more than one window of summaries
 	for range 4 {
 		w, _ := ix.AddWorker(0)
 		ix.Store(w, 0, 0, chain, nil)
@@ -158,8 +160,8 @@ func TestMatchWithSummariesAllocatesNothing(t *testing.T) {
 // Prompts longer than one window of summaries (sumWindow groups): the lookup reads the next
 // window's summaries while it walks, and must agree with the model across the boundary.
 func TestIndexAgainstModelLongPrompts(t *testing.T) {
-	r := newRand(t)
-	ix, err := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 4})
+	r := testrand.New(t)
+	ix, err := New(Options{MaxWorkers: 64, Tiers: 1, Shards: 4})
 	require.NoError(t, err)
 	require.NoError(t, checkAgainstModel(r, ix, newUniverse(r, 8, 3*sumWindow*keyGroup+5), 300))
 }

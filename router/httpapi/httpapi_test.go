@@ -1,4 +1,4 @@
-package router
+package httpapi
 
 import (
 	"bytes"
@@ -14,14 +14,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
+
+	"dataplane/router"
+	"dataplane/router/index"
+	"dataplane/router/internal/testrand"
 )
 
+// twoWorkers is a router with workers w1 and w2, and their index slots.
+func twoWorkers(t *testing.T) (r *router.Router, w1, w2 index.Worker) {
+	r, err := router.New(router.DefaultOptions())
+	require.NoError(t, err)
+	w1, err = r.AddWorker("w1")
+	require.NoError(t, err)
+	w2, err = r.AddWorker("w2")
+	require.NoError(t, err)
+	return r, w1, w2
+}
+
 func TestHTTPAPI(t *testing.T) {
-	rnd := newRand(t)
-	r, _ := newTestRouter(t, "w1", "w2")
+	rnd := testrand.New(t)
+	r, _, w2 := twoWorkers(t)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewCollector(r))
-	h := NewHTTPHandler(r, reg)
+	reg.MustRegister(router.NewCollector(r))
+	h := NewHandler(r, reg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := &fasthttp.Server{Handler: h.Handle, MaxRequestBodySize: 1 << 20}
@@ -40,25 +55,25 @@ func TestHTTPAPI(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 
-	prompt := tokensN(rnd, 100)
-	h2, _ := NewHasher(16)
-	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", "t1"), []Media{{Hash: MediaHash("cat.png"), Offset: 10, Length: 20}})
-	r.Index().Store(r.find("w2").slot, 0, 0, hashes[:5], nil)
+	prompt := testrand.Tokens(rnd, 100)
+	h2, _ := router.NewHasher(16)
+	hashes, _ := h2.Sequence(nil, prompt, router.SeedFor("", "t1"), []router.Media{{Hash: router.MediaHash("cat.png"), Offset: 10, Length: 20}})
+	r.Index().Store(w2, 0, 0, hashes[:5], nil)
 
 	ids, _ := json.Marshal(prompt)
 	body := fmt.Sprintf(`{"token_ids": %s, "salt": "t1", "media": [{"id": "cat.png", "offset": 10, "length": 20}], "request_id": "req-1"}`, ids)
 	code, out := call("POST", "/v1/route", body)
 	require.Equal(t, 200, code, out)
-	var d Decision
+	var d router.Decision
 	require.NoError(t, json.Unmarshal([]byte(out), &d))
 	require.Equal(t, "w2", d.Worker)
 	require.Equal(t, 6, d.Blocks)
-	require.Equal(t, 5, scoreOf(t, d, "w2").Overlap)
-	_, _, reqs := r.Slots().Load(r.find("w2").slot)
+	require.Equal(t, 5, d.Score("w2").Overlap)
+	_, _, reqs := r.Slots().Load(w2)
 	require.Equal(t, int64(1), reqs)
 
 	// The same media given by hash, as a string; the id already tracked is a conflict.
-	body = fmt.Sprintf(`{"token_ids": %s, "salt": "t1", "media": [{"hash": "%d", "offset": 10, "length": 20}], "request_id": "req-1"}`, ids, MediaHash("cat.png"))
+	body = fmt.Sprintf(`{"token_ids": %s, "salt": "t1", "media": [{"hash": "%d", "offset": 10, "length": 20}], "request_id": "req-1"}`, ids, router.MediaHash("cat.png"))
 	code, out = call("POST", "/v1/route", body)
 	require.Equal(t, 409, code, out)
 
@@ -100,8 +115,8 @@ func TestHTTPAPI(t *testing.T) {
 // GET /debug/route explains the last decision or one by request id, and each decision is logged
 // in one line at debug level.
 func TestHTTPDebugRouteAndLog(t *testing.T) {
-	r, _ := newTestRouter(t, "w1", "w2")
-	h := NewHTTPHandler(r, prometheus.NewRegistry())
+	r, w1, _ := twoWorkers(t)
+	h := NewHandler(r, prometheus.NewRegistry())
 	var logs bytes.Buffer
 	h.SetLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -110,13 +125,13 @@ func TestHTTPDebugRouteAndLog(t *testing.T) {
 	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown below
 	defer srv.Shutdown()
 	base := "http://" + ln.Addr().String()
-	get := func(path string) (int, LoggedDecision, string) {
+	get := func(path string) (int, router.LoggedDecision, string) {
 		t.Helper()
 		resp, err := http.Get(base + path)
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		var d LoggedDecision
+		var d router.LoggedDecision
 		if resp.StatusCode == 200 {
 			require.NoError(t, json.Unmarshal(b, &d), string(b))
 		}
@@ -125,10 +140,10 @@ func TestHTTPDebugRouteAndLog(t *testing.T) {
 	code, _, out := get("/debug/route")
 	require.Equal(t, 404, code, out)
 
-	prompt := tokensN(newRand(t), 64)
-	h2, _ := NewHasher(16)
-	hashes, _ := h2.Sequence(nil, prompt, SeedFor("", ""), nil)
-	r.Index().Store(r.find("w1").slot, 0, 0, hashes[:3], nil)
+	prompt := testrand.Tokens(testrand.New(t), 64)
+	h2, _ := router.NewHasher(16)
+	hashes, _ := h2.Sequence(nil, prompt, router.SeedFor("", ""), nil)
+	r.Index().Store(w1, 0, 0, hashes[:3], nil)
 	ids, _ := json.Marshal(prompt)
 	for _, id := range []string{"a", "b"} {
 		resp, err := http.Post(base+"/v1/route", "application/json",
@@ -144,7 +159,7 @@ func TestHTTPDebugRouteAndLog(t *testing.T) {
 	require.Equal(t, 200, code, out)
 	require.Equal(t, "a", first.RequestID)
 	require.Equal(t, "w1", first.Decision.Worker)
-	require.Equal(t, 3, scoreOf(t, first.Decision, "w1").Overlap)
+	require.Equal(t, 3, first.Decision.Score("w1").Overlap)
 	require.Empty(t, first.Decision.Hashes)
 	code, _, out = get("/debug/route?request_id=zzz")
 	require.Equal(t, 404, code)

@@ -1,4 +1,4 @@
-package router
+package index
 
 import (
 	"flag"
@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"dataplane/router/internal/testrand"
 )
 
 // Index benchmarks against a fleet of 64 workers holding 10M (block, worker) entries, each timed
@@ -60,12 +62,12 @@ func getFleet() *fleet {
 		for i := range sys {
 			// Lengths that are no multiple of the key group (keys.go): conversations branch from a
 			// shared prompt mid-group, where they would all want the same slots.
-			sys[i] = randomHashes(r, fleetSysLen/2+r.IntN(fleetSysLen+1))
+			sys[i] = testrand.Hashes(r, fleetSysLen/2+r.IntN(fleetSysLen+1))
 		}
 		f := &fleet{}
 		for range fleetChains {
 			p := sys[r.IntN(fleetPrompts)]
-			c := append(slices.Clone(p), randomHashes(r, fleetLen-len(p))...)
+			c := append(slices.Clone(p), testrand.Hashes(r, fleetLen-len(p))...)
 			f.chains = append(f.chains, c)
 			f.holders = append(f.holders, r.Perm(fleetWorkers)[:fleetHolders])
 		}
@@ -74,17 +76,9 @@ func getFleet() *fleet {
 	return theFleet
 }
 
-func randomHashes(r *rand.Rand, n int) []uint64 {
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = r.Uint64()
-	}
-	return out
-}
-
 // build loads the fleet into a fresh index and a fresh baseline.
 func (f *fleet) build(tb testing.TB) (*Index, *mutexIndex) {
-	ix, err := NewIndex(DefaultIndexOptions())
+	ix, err := New(DefaultOptions())
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -221,9 +215,9 @@ func BenchmarkMatch4K(b *testing.B) {
 	c := make([]uint64, fleetLen)
 	// The machine's own tail: the same lookup against an index small enough to stay in cache,
 	// timed in the same loop. Its p99 is what a shared VM adds to any microsecond operation.
-	small, _ := NewIndex(DefaultIndexOptions())
+	small, _ := New(DefaultOptions())
 	sw, _ := small.AddWorker(0)
-	smallChain := randomHashes(r, fleetLen)
+	smallChain := testrand.Hashes(r, fleetLen)
 	small.Store(sw, 0, 0, smallChain, nil)
 	noise := make(latencies, 0, 1<<20)
 	// The memory floor: the words a lookup of another random prompt must read (its blocks' holder

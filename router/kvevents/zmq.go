@@ -1,4 +1,4 @@
-package router
+package kvevents
 
 import (
 	"context"
@@ -46,7 +46,7 @@ func (e *ErrBadFrames) Error() string {
 // that the socket's own bounded queue and then the publisher's high-water mark hold or drop
 // them (a drop shows up as a gap). It returns ctx.Err() when ctx ends, or the first error
 // dialling or from engineFor.
-func SubscribeZMQ(ctx context.Context, opts ZMQOptions, stats *FeedStats, engineFor func(rank int) (*Engine, error)) error {
+func SubscribeZMQ(ctx context.Context, opts ZMQOptions, stats *Stats, engineFor func(rank int) (*Engine, error)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(opts.RedialEvery), zmq4.WithDialerMaxRetries(-1),

@@ -1,16 +1,12 @@
-package router
+package kvevents
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -23,14 +19,14 @@ import (
 // vLLM's ZMQ publisher does, so the same Engine logic applies: duplicates are ignored, a step
 // back drops the worker's state. Core NATS keeps no history, so a gap cannot be replayed: the
 // worker's state is dropped and rebuilt from the next batches (DESIGN.md: correctness before hit
-// rate).
+// rate). The server is the caller's: `dataplane router --nats embedded` runs one in-process.
 
 // DefaultNATSPrefix is the subject prefix our engines publish on.
 const DefaultNATSPrefix = "dataplane.kv"
 
 // NATSStats count messages the NATS subscriber could not hand to an engine.
 type NATSStats struct {
-	UnknownWorker atomic.Int64 // subject names a worker the router does not have
+	UnknownWorker atomic.Int64 // subject names a worker the feed does not have
 	BadMessages   atomic.Int64 // shorter than the 8-byte sequence number
 }
 
@@ -43,10 +39,10 @@ func NATSMessage(seq uint64, batch []byte) []byte {
 	return append(out, batch...)
 }
 
-// SubscribeNATS feeds r's workers from <prefix>.<worker> until ctx ends (StartNATS, then a
+// SubscribeNATS feeds f's workers from <prefix>.<worker> until ctx ends (StartNATS, then a
 // drain when ctx ends).
-func SubscribeNATS(ctx context.Context, nc *nats.Conn, prefix string, r *Router, stats *NATSStats) error {
-	sub, err := StartNATS(nc, prefix, r, stats)
+func SubscribeNATS(ctx context.Context, nc *nats.Conn, prefix string, f *Feed, stats *NATSStats) error {
+	sub, err := StartNATS(nc, prefix, f, stats)
 	if err != nil {
 		return err
 	}
@@ -58,23 +54,23 @@ func SubscribeNATS(ctx context.Context, nc *nats.Conn, prefix string, r *Router,
 	return ctx.Err()
 }
 
-// StartNATS subscribes r's workers to <prefix>.<worker> and returns once the server has the
+// StartNATS subscribes f's workers to <prefix>.<worker> and returns once the server has the
 // subscription, so nothing published afterwards is missed; Drain the subscription to stop.
 // Messages are handled one at a time on the subscription's goroutine (so each worker's batches
 // stay in order); the client's pending limits bound what waits, and an overflow shows up as a
 // sequence gap.
-func StartNATS(nc *nats.Conn, prefix string, r *Router, stats *NATSStats) (*nats.Subscription, error) {
+func StartNATS(nc *nats.Conn, prefix string, f *Feed, stats *NATSStats) (*nats.Subscription, error) {
 	sub, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
 		name := strings.TrimPrefix(m.Subject, prefix+".")
-		w := r.find(name)
+		e := f.Engine(name)
 		switch {
-		case w == nil:
+		case e == nil:
 			stats.UnknownWorker.Add(1)
 		case len(m.Data) < 8:
 			stats.BadMessages.Add(1)
 		default:
 			seq, _ := be64(m.Data[:8])
-			w.engine.Live(seq, m.Data[8:], nil)
+			e.Live(seq, m.Data[8:], nil)
 		}
 	})
 	if err != nil {
@@ -85,30 +81,4 @@ func StartNATS(nc *nats.Conn, prefix string, r *Router, stats *NATSStats) (*nats
 		return nil, fmt.Errorf("nats subscribe %s.>: %w", prefix, err)
 	}
 	return sub, nil
-}
-
-// StartEmbeddedNATS starts an in-process NATS server listening on addr (HOST:PORT; port 0
-// picks one) and returns it once it accepts clients. Shut it down with Shutdown.
-func StartEmbeddedNATS(addr string) (*server.Server, error) {
-	host, portStr, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("embedded nats: address %q: %w", addr, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("embedded nats: port %q: %w", portStr, err)
-	}
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
-	s, err := server.NewServer(&server.Options{Host: host, Port: port, NoLog: true, NoSigs: true})
-	if err != nil {
-		return nil, fmt.Errorf("embedded nats: %w", err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		return nil, errors.New("embedded nats: not ready after 10s")
-	}
-	return s, nil
 }

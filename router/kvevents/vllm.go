@@ -1,11 +1,12 @@
-package router
+package kvevents
 
 import (
-	"encoding/hex"
 	"fmt"
 	"strconv"
 
 	"github.com/zeebo/xxh3"
+
+	"dataplane/router"
 )
 
 // Decoding of vLLM's KV-event batches (vllm/distributed/kv_events.py), leniently: msgspec
@@ -38,7 +39,8 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event is one decoded KV event. Slices are reused by the next DecodeBatch into the same Batch.
+// Event is one decoded KV event. Its slices (Extra's Media lists aside) are reused by the next
+// DecodeBatch into the same Batch.
 type Event struct {
 	Kind      EventKind
 	Hashes    []uint64 // the engine's block hashes: ints (low 64 bits) or the last 8 digest bytes, big-endian
@@ -72,7 +74,10 @@ type Batch struct {
 }
 
 // DecodeBatch decodes a msgpack payload into b, reusing b's storage. A malformed payload is a
-// *DecodeError; b's contents are then unspecified.
+// *DecodeError; b's contents are then unspecified. Events without a LoRA name or extra keys
+// (what a text-only engine publishes) decode without allocating once b has grown; a LoRA name
+// is copied out of the payload (one allocation), and extra keys cost a few per block (their
+// strings, and each block's Media, which is not reused) (TestDecodeBatchAllocs).
 func DecodeBatch(payload []byte, b *Batch) error {
 	r := &mpReader{b: payload}
 	b.TS, b.DPRank, b.Unknown = 0, -1, 0
@@ -429,7 +434,7 @@ func decodeExtraKeys(r *mpReader, ev *Event) error {
 				}
 				if k >= 1 && r.kind() == mpStr {
 					s, _ := r.readStr()
-					x.Media = append(x.Media, MediaHash(string(s)))
+					x.Media = append(x.Media, router.MediaHash(string(s)))
 					k--
 				}
 				for range k {
@@ -458,32 +463,13 @@ func (ev *Event) resolveExtras() error {
 		if ev.LoraName != "" && len(strs) > 0 && strs[0] == ev.LoraName {
 			strs = strs[1:]
 		}
-		if bi == 0 && !ev.HasParent && len(strs) > 0 && !isHexDigest(strs[len(strs)-1]) {
+		if bi == 0 && !ev.HasParent && len(strs) > 0 && !router.IsMediaDigest(strs[len(strs)-1]) {
 			x.Salt = strs[len(strs)-1]
 			strs = strs[:len(strs)-1]
 		}
 		for _, s := range strs {
-			x.Media = append(x.Media, MediaHash(s))
+			x.Media = append(x.Media, router.MediaHash(s))
 		}
 	}
 	return nil
-}
-
-func isHexDigest(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
-}
-
-// MediaHash maps a media identifier to the 64-bit hash appended to block hashes, as Dynamo's
-// hash_mm_identifier does: vLLM's 64-hex-digit digests keep their first 16 hex digits; other
-// identifiers (user uuids) are hashed with XXH3.
-func MediaHash(id string) uint64 {
-	if isHexDigest(id) {
-		v, _ := strconv.ParseUint(id[:16], 16, 64)
-		return v
-	}
-	return xxh3.HashString(id)
 }

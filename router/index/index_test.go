@@ -1,4 +1,4 @@
-package router
+package index
 
 import (
 	"errors"
@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/internal/testrand"
 )
 
 // The reference model: plain maps, one goroutine, no cleverness.
@@ -111,11 +113,11 @@ func (u *universe) prefix(r *rand.Rand) []uint64 {
 	return c[:1+r.IntN(len(c))]
 }
 
-// engineSim writes to the index as an Engine does and mirrors every write in a model: a
-// worker's blocks are stored parent first (a store reaches back to the last block before it
-// that the worker holds on that tier), with the parent's key as the index returned it, and
-// removed as whole subtrees (a block and everything after it that the worker holds on that
-// tier, in any chain through it), as vLLM evicts.
+// engineSim writes to the index as an engine (kvevents.Engine) does and mirrors every write in
+// a model: a worker's blocks are stored parent first (a store reaches back to the last block
+// before it that the worker holds on that tier), with the parent's key as the index returned
+// it, and removed as whole subtrees (a block and everything after it that the worker holds on
+// that tier, in any chain through it), as vLLM evicts.
 type engineSim struct {
 	ix   *Index
 	u    *universe
@@ -156,7 +158,7 @@ func (e *engineSim) store(w Worker, tier int, c []uint64, a, b int) error {
 			}
 			// A cap evicted a block before it and the block went elsewhere this time: drop what
 			// the worker may still hold under the old key and store its other tiers under the
-			// new one, as Engine.store does.
+			// new one, as kvevents.Engine does.
 			pk := parent
 			if i > 0 {
 				pk = e.buf[i-1]
@@ -167,7 +169,7 @@ func (e *engineSim) store(w Worker, tier int, c []uint64, a, b int) error {
 					held |= 1 << t
 				}
 			}
-			moveKey(e.ix, w, held, old, pk, c[a+i], k, tier)
+			e.ix.MoveKey(w, held, old, pk, c[a+i], k, tier)
 		}
 		e.keys[w][c[a+i]] = k
 	}
@@ -343,8 +345,8 @@ func (ix *Index) chainWords(seqs []uint64) [][]uint64 {
 	return out
 }
 
-func modelLayouts() []IndexOptions {
-	return []IndexOptions{
+func modelLayouts() []Options {
+	return []Options{
 		{MaxWorkers: 64, Tiers: 1, Shards: 4},  // the one-word fast path
 		{MaxWorkers: 130, Tiers: 2, Shards: 2}, // three words, two tiers
 		{MaxWorkers: 8, Tiers: 3, Shards: 1},
@@ -352,23 +354,38 @@ func modelLayouts() []IndexOptions {
 }
 
 func TestIndexAgainstModel(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	for _, opts := range modelLayouts() {
 		t.Run(fmt.Sprintf("workers=%d/tiers=%d/shards=%d", opts.MaxWorkers, opts.Tiers, opts.Shards), func(t *testing.T) {
-			ix, err := NewIndex(opts)
+			ix, err := New(opts)
 			require.NoError(t, err)
 			require.NoError(t, checkAgainstModel(r, ix, newUniverse(r, 24, 40), 1500))
 		})
 	}
 }
 
-// The same check against an index with a deliberate bug (deletes leave a hole in the probe run,
-// hiding the keys after it) must fail: proof that the check can see a broken index.
+// breakDeletes makes the deletes of every index leave a hole in the probe run instead of
+// shifting the run back, hiding the keys after it: a deliberate bug. It returns the function
+// that mends them, which also runs when the test ends.
+func breakDeletes(t *testing.T) (mend func()) {
+	brokenDelete = func(tab *table, i int) {
+		for w := range tab.stride {
+			tab.slots[i*tab.stride+w].Store(0)
+		}
+		tab.used.Add(-1)
+	}
+	mend = func() { brokenDelete = nil }
+	t.Cleanup(mend)
+	return mend
+}
+
+// The same check against an index with a deliberate bug (breakDeletes) must fail: proof that
+// the check can see a broken index.
 func TestModelCheckCatchesBrokenIndex(t *testing.T) {
-	r := newRand(t)
-	ix, err := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 1})
+	r := testrand.New(t)
+	ix, err := New(Options{MaxWorkers: 64, Tiers: 1, Shards: 1})
 	require.NoError(t, err)
-	ix.shards[0].brokenDelete = true
+	breakDeletes(t)
 	err = checkAgainstModel(r, ix, newUniverse(r, 24, 40), 1500)
 	require.Error(t, err)
 	t.Logf("caught: %v", err)
@@ -378,8 +395,8 @@ func TestModelCheckCatchesBrokenIndex(t *testing.T) {
 // report them exactly, while other workers' stores and removes over the same hashes insert,
 // shift, grow and shrink the very tables the readers probe. Run under -race.
 func TestIndexConcurrentReadersSeeConsistentState(t *testing.T) {
-	r := newRand(t)
-	ix, err := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 2})
+	r := testrand.New(t)
+	ix, err := New(Options{MaxWorkers: 64, Tiers: 1, Shards: 2})
 	require.NoError(t, err)
 	u := newUniverse(r, 32, 48)
 	pinned, _ := ix.AddWorker(0)
@@ -442,8 +459,8 @@ func TestIndexConcurrentReadersSeeConsistentState(t *testing.T) {
 
 // Caps: a worker past its cap loses its own entries only, down to the cap; others keep theirs.
 func TestIndexCapEvictsOwnEntries(t *testing.T) {
-	r := newRand(t)
-	ix, err := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 2, Shards: 8})
+	r := testrand.New(t)
+	ix, err := New(Options{MaxWorkers: 64, Tiers: 2, Shards: 8})
 	require.NoError(t, err)
 	capped, _ := ix.AddWorker(100)
 	other, _ := ix.AddWorker(0)
@@ -495,12 +512,12 @@ func TestIndexCapEvictsOwnEntries(t *testing.T) {
 }
 
 func TestIndexOptionsAndSlots(t *testing.T) {
-	for _, o := range []IndexOptions{{0, 1, 1}, {64, 0, 1}, {64, 9, 1}, {64, 1, 3}, {64, 1, 0}} {
-		_, err := NewIndex(o)
-		var bad *ErrIndexOptions
+	for _, o := range []Options{{0, 1, 1}, {64, 0, 1}, {64, 9, 1}, {64, 1, 3}, {64, 1, 0}} {
+		_, err := New(o)
+		var bad *ErrOptions
 		require.True(t, errors.As(err, &bad), "%+v", o)
 	}
-	ix, err := NewIndex(IndexOptions{MaxWorkers: 3, Tiers: 1, Shards: 1})
+	ix, err := New(Options{MaxWorkers: 3, Tiers: 1, Shards: 1})
 	require.NoError(t, err)
 	require.Equal(t, 64, ix.Options().MaxWorkers)
 	for i := range 64 {
@@ -527,7 +544,7 @@ func TestIndexOptionsAndSlots(t *testing.T) {
 
 // concurrentCheck configures checkConcurrentAgainstModel.
 type concurrentCheck struct {
-	opts           IndexOptions
+	opts           Options
 	writers        int   // one goroutine each, owning its own workers
 	slotsPerWriter int   // the workers a writer goes through: RemoveWorker moves it to the next
 	capacity       int64 // per-worker cap of the writers' workers (0: none)
@@ -838,16 +855,16 @@ func (m *model) held1(w, tier int) int64 {
 // writer goroutine per worker, readers matching meanwhile; caps in some variants. Run under
 // -race.
 func TestIndexAgainstModelConcurrently(t *testing.T) {
-	seed := testSeed(t)
+	seed := testrand.Seed(t)
 	for _, c := range []concurrentCheck{
-		{opts: IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 4}, writers: 6, slotsPerWriter: 4, readers: 3, steps: 1200},
-		{opts: IndexOptions{MaxWorkers: 130, Tiers: 2, Shards: 2}, writers: 4, slotsPerWriter: 3, readers: 2, steps: 1200},
-		{opts: IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 2}, writers: 5, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 60},
-		{opts: IndexOptions{MaxWorkers: 8, Tiers: 2, Shards: 1}, writers: 3, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 25},
+		{opts: Options{MaxWorkers: 64, Tiers: 1, Shards: 4}, writers: 6, slotsPerWriter: 4, readers: 3, steps: 1200},
+		{opts: Options{MaxWorkers: 130, Tiers: 2, Shards: 2}, writers: 4, slotsPerWriter: 3, readers: 2, steps: 1200},
+		{opts: Options{MaxWorkers: 64, Tiers: 1, Shards: 2}, writers: 5, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 60},
+		{opts: Options{MaxWorkers: 8, Tiers: 2, Shards: 1}, writers: 3, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 25},
 	} {
 		name := fmt.Sprintf("workers=%d/tiers=%d/shards=%d/writers=%d/cap=%d", c.opts.MaxWorkers, c.opts.Tiers, c.opts.Shards, c.writers, c.capacity)
 		t.Run(name, func(t *testing.T) {
-			ix, err := NewIndex(c.opts)
+			ix, err := New(c.opts)
 			require.NoError(t, err)
 			u := newUniverse(rand.New(rand.NewPCG(seed, 99)), 24, 40)
 			require.NoError(t, checkConcurrentAgainstModel(seed, ix, u, c))
@@ -858,20 +875,19 @@ func TestIndexAgainstModelConcurrently(t *testing.T) {
 // The concurrent check sees a broken index too: deletes that leave holes (hiding later keys of
 // a probe run), and, separately, caps that are not enforced.
 func TestConcurrentModelCheckCatchesBrokenIndex(t *testing.T) {
-	seed := testSeed(t)
-	c := concurrentCheck{opts: IndexOptions{MaxWorkers: 64, Tiers: 1, Shards: 2}, writers: 4, slotsPerWriter: 2, readers: 2, steps: 1200}
-	ix, err := NewIndex(c.opts)
+	seed := testrand.Seed(t)
+	c := concurrentCheck{opts: Options{MaxWorkers: 64, Tiers: 1, Shards: 2}, writers: 4, slotsPerWriter: 2, readers: 2, steps: 1200}
+	ix, err := New(c.opts)
 	require.NoError(t, err)
-	for i := range ix.shards {
-		ix.shards[i].brokenDelete = true
-	}
+	mend := breakDeletes(t)
 	u := newUniverse(rand.New(rand.NewPCG(seed, 99)), 24, 40)
 	err = checkConcurrentAgainstModel(seed, ix, u, c)
+	mend()
 	require.Error(t, err)
 	t.Logf("broken deletes caught: %v", err)
 
 	// Caps the check expects but the index does not enforce: counts run past them.
-	ix, err = NewIndex(c.opts)
+	ix, err = New(c.opts)
 	require.NoError(t, err)
 	c.capacity = 20
 	c.sabotage = func(ix *Index, w Worker) { ix.SetCapacity(w, 0) }

@@ -1,4 +1,4 @@
-package router
+package index
 
 import (
 	"math/bits"

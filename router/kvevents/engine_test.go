@@ -1,37 +1,42 @@
-package router
+package kvevents
 
 import (
 	"encoding/hex"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router"
+	"dataplane/router/index"
+	"dataplane/router/internal/testrand"
 )
 
 type engineRig struct {
-	ix    *Index
-	w     Worker
+	ix    *index.Index
+	w     index.Worker
 	eng   *Engine
-	stats *FeedStats
-	opts  FeedOptions
+	stats *Stats
+	opts  Options
 }
 
 func newEngineRig(t *testing.T, tiers int, media map[string]int) *engineRig {
-	o := DefaultIndexOptions()
+	o := index.DefaultOptions()
 	o.Tiers = tiers
-	ix, err := NewIndex(o)
+	ix, err := index.New(o)
 	require.NoError(t, err)
-	rig := &engineRig{ix: ix, stats: &FeedStats{}, opts: DefaultFeedOptions()}
+	rig := &engineRig{ix: ix, stats: &Stats{}, opts: DefaultOptions()}
 	if media != nil {
 		rig.opts.Media = media
 	}
 	rig.w, _ = ix.AddWorker(0)
-	rig.eng, err = NewEngine(ix, rig.w, &rig.opts, rig.stats)
+	rig.eng, err = NewEngine(ix, rig.w, 16, &rig.opts, rig.stats)
 	require.NoError(t, err)
 	return rig
 }
 
 func (g *engineRig) overlap(hs []uint64, tier int) int {
-	var m Match
+	var m index.Match
 	g.ix.Match(hs, &m)
 	return m.Blocks(g.w, tier)
 }
@@ -40,7 +45,7 @@ func (g *engineRig) overlap(hs []uint64, tier int) int {
 // the cache salt) equal the hashes of the same prompt sent to the router with the same LoRA,
 // salt and media: the two sides meet in the index.
 func TestEngineHashesMeetRequestHashes(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newEngineRig(t, 1, nil)
 	c := newConvo(r, 4)
 	const lora, salt, img = "adapter-7", "tenant-a", "img-uuid-1"
@@ -64,11 +69,11 @@ func TestEngineHashesMeetRequestHashes(t *testing.T) {
 	g.eng.Live(0, e.b, nil)
 	require.Zero(t, g.stats.BadEvents.Load()+g.stats.BadPayloads.Load())
 
-	h, _ := NewHasher(16)
-	want, err := h.Sequence(nil, c.tokens, SeedFor(lora, salt), []Media{{Hash: MediaHash(img), Offset: 20, Length: 20}})
+	h, _ := router.NewHasher(16)
+	want, err := h.Sequence(nil, c.tokens, router.SeedFor(lora, salt), []router.Media{{Hash: router.MediaHash(img), Offset: 20, Length: 20}})
 	require.NoError(t, err)
 	require.Equal(t, 4, g.overlap(want, 0))
-	plain, _ := h.Sequence(nil, c.tokens, SeedFor(lora, ""), nil)
+	plain, _ := h.Sequence(nil, c.tokens, router.SeedFor(lora, ""), nil)
 	require.Equal(t, 0, g.overlap(plain, 0), "without the salt nothing matches")
 
 	// A continuation event names its parent by engine hash; the salt and LoRA carry over.
@@ -81,13 +86,13 @@ func TestEngineHashesMeetRequestHashes(t *testing.T) {
 	}
 	e.uint(16).nil().str("GPU").str(lora)
 	g.eng.Live(1, e.b, nil)
-	want, _ = h.Sequence(nil, append(append([]uint32(nil), c.tokens...), more.tokens...), SeedFor(lora, salt),
-		[]Media{{Hash: MediaHash(img), Offset: 20, Length: 20}})
+	want, _ = h.Sequence(nil, append(append([]uint32(nil), c.tokens...), more.tokens...), router.SeedFor(lora, salt),
+		[]router.Media{{Hash: router.MediaHash(img), Offset: 20, Length: 20}})
 	require.Equal(t, 5, g.overlap(want, 0))
 }
 
 func TestEngineFiltersAndMistakes(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newEngineRig(t, 2, map[string]int{"GPU": 0, "CPU": 1})
 	c := newConvo(r, 4)
 	batch := func(events ...func(e *msgpackEncoder)) []byte {
@@ -159,7 +164,7 @@ func TestEngineFiltersAndMistakes(t *testing.T) {
 
 // The engine-hash map is bounded: past MaxEngineBlocks the oldest generation is forgotten.
 func TestEngineHashMapBounded(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newEngineRig(t, 1, nil)
 	g.opts.MaxEngineBlocks = 8
 	for i := range 20 {
@@ -190,12 +195,12 @@ func FuzzEngineLive(f *testing.F) {
 	e.array(3).str("BlockRemoved").array(1).uint(9).str("GPU")
 	f.Add(uint64(3), e.b)
 	f.Fuzz(func(t *testing.T, seq uint64, payload []byte) {
-		ix, _ := NewIndex(IndexOptions{MaxWorkers: 64, Tiers: 2, Shards: 2})
+		ix, _ := index.New(index.Options{MaxWorkers: 64, Tiers: 2, Shards: 2})
 		w, _ := ix.AddWorker(0)
-		opts := DefaultFeedOptions()
+		opts := DefaultOptions()
 		opts.Media = map[string]int{"GPU": 0, "CPU": 1}
-		var stats FeedStats
-		eng, err := NewEngine(ix, w, &opts, &stats)
+		var stats Stats
+		eng, err := NewEngine(ix, w, 16, &opts, &stats)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,10 +217,11 @@ func FuzzEngineLive(f *testing.F) {
 }
 
 // A block stored again under another key than the one the engine remembers (a cap evicted its
-// parent, and this time no sibling stood in the parent's way: keys.go) moves: the worker's bits
-// at the old key go, nothing leaks there, and the tiers it still holds it on come along.
+// parent, and this time no sibling stood in the parent's way: router/index/keys.go) moves: the
+// worker's bits at the old key go, nothing leaks there, and the tiers it still holds it on come
+// along.
 func TestEngineRestoreMovesKey(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newEngineRig(t, 2, map[string]int{"GPU": 0, "CPU": 1})
 	ix, w, e := g.ix, g.w, g.eng
 	x, err := ix.AddWorker(0)
@@ -226,8 +232,8 @@ func TestEngineRestoreMovesKey(t *testing.T) {
 	for i := 16; i < 32; i++ {
 		sib[i] ^= 1
 	}
-	h, _ := NewHasher(16)
-	sibSeqs, _ := h.Sequence(nil, sib, HashSeed, nil)
+	h, _ := router.NewHasher(16)
+	sibSeqs, _ := h.Sequence(nil, sib, router.HashSeed, nil)
 	sibKeys := make([]uint64, 2)
 	ix.Store(x, 0, 0, sibSeqs, sibKeys)
 
@@ -243,9 +249,10 @@ func TestEngineRestoreMovesKey(t *testing.T) {
 	}
 	stored(0, 3, "GPU")
 	stored(0, 3, "CPU")
+	a0, _ := e.lookup(c.engine[0])
 	p1, _ := e.lookup(c.engine[1])
 	b2, _ := e.lookup(c.engine[2])
-	require.NotZero(t, p1.key&branchBit, "p1 went to its branch key")
+	require.Equal(t, index.BranchKey(index.ChildKey(a0.key, c.ours[1]), c.ours[1]), p1.key, "p1 went to its branch key")
 	require.Equal(t, 3, g.overlap(c.ours, 0))
 
 	// A cap evicts p1 on both tiers behind the engine's back; then the sibling goes away.
@@ -270,4 +277,46 @@ func TestEngineRestoreMovesKey(t *testing.T) {
 	require.Zero(t, ix.Held(w, 0))
 	require.Zero(t, ix.Held(w, 1))
 	require.Equal(t, int64(1), ix.Blocks(), "only the other worker's a0")
+}
+
+// conversationBatches is one long conversation as its engine publishes it, per blocks a batch:
+// batch k stores blocks [k·per, (k+1)·per), chained to the block before, and removes the
+// blocks batch k−1 stored.
+func conversationBatches(rnd *rand.Rand, per, batches int) [][]byte {
+	c := newConvo(rnd, per*batches)
+	payloads := make([][]byte, batches)
+	for k := range batches {
+		e := &msgpackEncoder{}
+		n := 1
+		if k > 0 {
+			n = 2
+		}
+		e.array(2).float(1).array(n)
+		c.stored(e, k*per, (k+1)*per, false)
+		if k > 0 {
+			c.removed(e, (k-1)*per, k*per)
+		}
+		payloads[k] = e.b
+	}
+	return payloads
+}
+
+// Once warm, an engine applies a steady stream (stores of new blocks, removes of old ones)
+// without allocating: the decoder reuses its Batch, the hash map and the index tables stay at
+// their size. (Averaged over the runs: a table that grows or shrinks now and then is allowed.)
+func TestEngineLiveAllocs(t *testing.T) {
+	const warm, runs = 100, 200
+	payloads := conversationBatches(testrand.New(t), 32, warm+runs+1)
+	g := newEngineRig(t, 1, nil)
+	seq := uint64(0)
+	live := func() {
+		g.eng.Live(seq, payloads[seq], nil)
+		seq++
+	}
+	for range warm {
+		live()
+	}
+	require.Zero(t, testing.AllocsPerRun(runs, live))
+	require.Zero(t, g.stats.BadPayloads.Load()+g.stats.UnknownParent.Load()+g.stats.UnknownBlocks.Load())
+	require.Equal(t, int64(32), g.ix.Held(g.w, 0), "the last batch's blocks: each batch removes the blocks of the one before")
 }

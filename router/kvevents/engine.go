@@ -1,15 +1,16 @@
-package router
+package kvevents
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
+
+	"dataplane/router"
+	"dataplane/router/index"
 )
 
-// FeedOptions configure how KV events become index entries. DefaultFeedOptions has the defaults.
-type FeedOptions struct {
-	// BlockSize is the engines' KV block size in tokens (vLLM --block-size). Events with another
-	// block size are dropped and counted: their hashes could never match a request. Default 16.
-	BlockSize int
+// Options configure how KV events become index entries. DefaultOptions has the defaults.
+type Options struct {
 	// Media maps an event's medium to an index tier; events on other media are dropped and
 	// counted. An event without a medium counts as "GPU". Default {"GPU": 0}.
 	Media map[string]int
@@ -19,13 +20,23 @@ type FeedOptions struct {
 	MaxEngineBlocks int
 }
 
-// DefaultFeedOptions: block size 16, device tier only, 1M engine blocks per engine.
-func DefaultFeedOptions() FeedOptions {
-	return FeedOptions{BlockSize: 16, Media: map[string]int{"GPU": 0}, MaxEngineBlocks: 1 << 20}
+// DefaultOptions: device tier only, 1M engine blocks per engine.
+func DefaultOptions() Options {
+	return Options{Media: map[string]int{"GPU": 0}, MaxEngineBlocks: 1 << 20}
 }
 
-// FeedStats count what happened to events, across engines. Read them with Load.
-type FeedStats struct {
+// check validates the options against an index with the given number of tiers.
+func (o *Options) check(tiers int) error {
+	for medium, tier := range o.Media {
+		if tier < 0 || tier >= tiers {
+			return fmt.Errorf("kv events options: medium %q maps to tier %d, the index has %d tiers", medium, tier, tiers)
+		}
+	}
+	return nil
+}
+
+// Stats count what happened to events, across engines. Read them with Load.
+type Stats struct {
 	Batches        atomic.Int64 // batches applied (live and replayed)
 	BadPayloads    atomic.Int64 // payloads that did not decode: skipped
 	BadEvents      atomic.Int64 // events that decoded but made no sense (token count vs blocks): skipped
@@ -52,11 +63,11 @@ type Replayer func(from uint64, deliver func(seq uint64, payload []byte)) error
 // Engine follows one vLLM event publisher (one data-parallel rank: one KV cache) and keeps its
 // worker's index entries in step. Its methods must be called from one goroutine.
 type Engine struct {
-	ix     *Index
-	worker Worker
-	opts   *FeedOptions
-	stats  *FeedStats
-	hasher *Hasher
+	ix     *index.Index
+	worker index.Worker
+	opts   *Options
+	stats  *Stats
+	hasher *router.Hasher
 
 	haveSeq bool
 	last    uint64 // last applied sequence number
@@ -72,28 +83,29 @@ type Engine struct {
 
 type engineBlock struct {
 	seq   uint64 // our sequence hash
-	key   uint64 // its index key (keys.go)
+	key   uint64 // its index key (router/index: keys.go)
 	seed  uint64 // the seed its sequence was hashed with (LoRA and salt mixed in)
 	tiers uint8  // tiers the engine holds it on
 }
 
-// NewEngine follows an engine whose blocks go to worker w of ix.
-func NewEngine(ix *Index, w Worker, opts *FeedOptions, stats *FeedStats) (*Engine, error) {
-	h, err := NewHasher(opts.BlockSize)
+// NewEngine follows an engine whose blocks go to worker w of ix. blockSize is the engines' KV
+// block size in tokens (vLLM --block-size), the router's: events with another block size are
+// dropped and counted, since their hashes could never match a request. opts and stats may be
+// shared by engines (a Feed's are).
+func NewEngine(ix *index.Index, w index.Worker, blockSize int, opts *Options, stats *Stats) (*Engine, error) {
+	h, err := router.NewHasher(blockSize)
 	if err != nil {
 		return nil, err
 	}
-	for medium, tier := range opts.Media {
-		if tier < 0 || tier >= ix.Options().Tiers {
-			return nil, fmt.Errorf("feed options: medium %q maps to tier %d, the index has %d", medium, tier, ix.Options().Tiers)
-		}
+	if err := opts.check(ix.Options().Tiers); err != nil {
+		return nil, err
 	}
 	return &Engine{ix: ix, worker: w, opts: opts, stats: stats, hasher: h,
 		blocks: map[uint64]engineBlock{}, older: map[uint64]engineBlock{}, group: -1}, nil
 }
 
 // Worker is the index slot this engine's blocks are recorded under.
-func (e *Engine) Worker() Worker { return e.worker }
+func (e *Engine) Worker() index.Worker { return e.worker }
 
 // Live handles one batch from the live stream. Sequence numbers count batches per publisher
 // from 0: the next one is applied; a repeat is ignored; a jump ahead is a gap, filled from
@@ -237,7 +249,7 @@ func (e *Engine) forget(h uint64) {
 }
 
 func (e *Engine) store(ev *Event, tier int) {
-	bs := e.opts.BlockSize
+	bs := e.hasher.BlockSize()
 	if ev.BlockSize != 0 && ev.BlockSize != bs {
 		e.stats.SizeMismatch.Add(1)
 		return
@@ -259,7 +271,7 @@ func (e *Engine) store(ev *Event, tier int) {
 		if len(ev.Extra) > 0 {
 			salt = ev.Extra[0].Salt
 		}
-		seed = SeedFor(ev.LoraName, salt)
+		seed = router.SeedFor(ev.LoraName, salt)
 	}
 	e.seqs = e.seqs[:0]
 	for i := range ev.Hashes {
@@ -269,12 +281,12 @@ func (e *Engine) store(ev *Event, tier int) {
 		}
 		h := e.hasher.LocalBlock(ev.Tokens[i*bs:(i+1)*bs], seed, media)
 		if i > 0 || ev.HasParent {
-			h = ChainHash(parent, h)
+			h = router.ChainHash(parent, h)
 		}
 		parent = h
 		e.seqs = append(e.seqs, h)
 	}
-	e.keys = resize(e.keys, len(e.seqs))
+	e.keys = slices.Grow(e.keys[:0], len(e.seqs))[:len(e.seqs)]
 	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, parentKey, e.seqs, e.keys)))
 	for i, eh := range ev.Hashes {
 		b, known := e.lookup(eh)
@@ -283,39 +295,11 @@ func (e *Engine) store(ev *Event, tier int) {
 			if i > 0 {
 				pk = e.keys[i-1]
 			}
-			b.tiers = moveKey(e.ix, e.worker, b.tiers, b.key, pk, e.seqs[i], e.keys[i], tier)
+			b.tiers = e.ix.MoveKey(e.worker, b.tiers, b.key, pk, e.seqs[i], e.keys[i], tier)
 		}
 		b.seq, b.key, b.seed, b.tiers = e.seqs[i], e.keys[i], seed, b.tiers|1<<tier
 		e.remember(eh, b)
 	}
-}
-
-// moveKey handles a block (sequence hash seq, parent key pk) that worker w just stored on tier
-// under key, and held on the tiers in held under another key, old (a cap evicted a block
-// before it, and this time a sibling decided otherwise: keys.go). The worker's bits at the old
-// key would never be removed, so they go; its other tiers are stored under the new key. It
-// returns the tiers the worker now holds the block on besides tier. Engine.store calls it, and
-// so does the model test's engine.
-func moveKey(ix *Index, w Worker, held uint8, old, pk, seq, key uint64, tier int) uint8 {
-	var moved uint8
-	for t := range ix.Options().Tiers {
-		if held&(1<<t) == 0 {
-			continue
-		}
-		ix.Remove(w, t, []uint64{old})
-		if t == tier {
-			continue
-		}
-		var k [1]uint64
-		ix.Store(w, t, pk, []uint64{seq}, k[:])
-		if k[0] != key { // the index changed meanwhile (a cap evicted the block at key, or another
-			// engine's sibling came or went): drop the tier rather than track two keys
-			ix.Remove(w, t, k[:])
-			continue
-		}
-		moved |= 1 << t
-	}
-	return moved
 }
 
 func (e *Engine) remove(ev *Event, tier int) {

@@ -1,4 +1,4 @@
-package router
+package kvevents
 
 import (
 	"context"
@@ -11,6 +11,10 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router"
+	"dataplane/router/index"
+	"dataplane/router/internal/testrand"
 )
 
 // fakeVLLM publishes like vllm's ZmqEventPublisher: PUB frames [topic, seq, payload], a replay
@@ -127,8 +131,8 @@ func newConvo(r *rand.Rand, blocks int) *convo {
 	for i := range c.engine {
 		c.engine[i] = r.Uint64() | 1<<63 // > 2^63: exercises uint64 msgpack
 	}
-	h, _ := NewHasher(16)
-	c.ours, _ = h.Sequence(nil, c.tokens, HashSeed, nil)
+	h, _ := router.NewHasher(16)
+	c.ours, _ = h.Sequence(nil, c.tokens, router.HashSeed, nil)
 	return c
 }
 
@@ -189,9 +193,9 @@ func batchOf(asMap bool, events func(e *msgpackEncoder), n int) []byte {
 // loopback, the subscriber connected.
 type zmqRig struct {
 	vllm   *fakeVLLM
-	ix     *Index
-	w      Worker
-	stats  FeedStats
+	ix     *index.Index
+	w      index.Worker
+	stats  Stats
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -202,11 +206,11 @@ func newZMQRig(t *testing.T) *zmqRig {
 	g := &zmqRig{vllm: newFakeVLLM(t, ctx), cancel: cancel, done: make(chan error, 1)}
 	pubEP, replayEP := g.vllm.endpoints()
 	var err error
-	g.ix, err = NewIndex(DefaultIndexOptions())
+	g.ix, err = index.New(index.DefaultOptions())
 	require.NoError(t, err)
 	g.w, _ = g.ix.AddWorker(0)
-	opts := DefaultFeedOptions()
-	eng, err := NewEngine(g.ix, g.w, &opts, &g.stats)
+	opts := DefaultOptions()
+	eng, err := NewEngine(g.ix, g.w, 16, &opts, &g.stats)
 	require.NoError(t, err)
 	go func() {
 		g.done <- SubscribeZMQ(ctx, DefaultZMQOptions(pubEP, replayEP), &g.stats, func(rank int) (*Engine, error) {
@@ -223,7 +227,7 @@ func newZMQRig(t *testing.T) *zmqRig {
 
 // overlap is how many leading blocks of c the worker holds, by the index.
 func (g *zmqRig) overlap(c *convo) int {
-	var m Match
+	var m index.Match
 	g.ix.Match(c.ours, &m)
 	return m.Blocks(g.w, 0)
 }
@@ -244,7 +248,7 @@ func (g *zmqRig) stop() {
 // End to end over real ZMQ on loopback: both encodings, a dropped batch that replay recovers, a
 // duplicate, a garbage payload, an engine restart; the index answers what vLLM holds.
 func TestZMQEndToEnd(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newZMQRig(t)
 	vllm, ix, w, stats, overlap := g.vllm, g.ix, g.w, &g.stats, g.overlap
 
@@ -304,7 +308,7 @@ func TestZMQEndToEnd(t *testing.T) {
 // order (batches that only apply on top of the one before), each once, although the replay's
 // answer repeats them too.
 func TestZMQLiveBatchesDuringReplay(t *testing.T) {
-	r := newRand(t)
+	r := testrand.New(t)
 	g := newZMQRig(t)
 	vllm, ix, w, stats, overlap := g.vllm, g.ix, g.w, &g.stats, g.overlap
 

@@ -1,4 +1,4 @@
-package router
+package index
 
 import "slices"
 
@@ -39,7 +39,7 @@ const (
 	// keyGroup is how many blocks a group has. A lookup reads one summary per group (summary.go)
 	// and each on a page of its own, so larger groups mean fewer pages; but it walks a group
 	// where a conversation branches, and a branch moves the rest of its group (more for larger
-	// groups). Measured against 8 and 32 (README): 16.
+	// groups). Measured against 8 and 32 (NOTES.md): 16.
 	keyGroup    = 16
 	keyHomeMask = 1<<32 - 1
 	keyPosMask  = keyGroup - 1 // a key's position in its group

@@ -1,0 +1,81 @@
+// Package kvevents keeps the router's index in step with what the engines cache: it decodes
+// vLLM's KV-event batches (msgpack, both of msgspec's layouts), follows each publisher's
+// sequence numbers (gaps replayed, restarts dropped), rehashes stored blocks as requests are
+// hashed (package router) and writes the index (package index). Transports: vLLM's ZMQ
+// publisher with its replay socket, and our engines' NATS subjects. README.md is its map.
+package kvevents
+
+import (
+	"maps"
+	"sync"
+	"sync/atomic"
+
+	"dataplane/router"
+)
+
+// Feed keeps a router's index in step with its workers' KV events: it registers workers with
+// the router and gives each an Engine over the router's index, finds engines by worker name
+// (for transports that name the worker, as NATS subjects do) and counts what happens to
+// events across them (Stats; NewCollector exports the counts). The router knows nothing of
+// it: a router without a feed routes on load alone.
+type Feed struct {
+	r     *router.Router
+	opts  Options
+	stats Stats
+
+	mu      sync.Mutex                         // serialises AddWorker and RemoveWorker
+	engines atomic.Pointer[map[string]*Engine] // copy-on-write, so Engine takes no lock
+}
+
+// NewFeed feeds r's index with opts (its Media checked against the index's tiers).
+func NewFeed(r *router.Router, opts Options) (*Feed, error) {
+	if err := opts.check(r.Index().Options().Tiers); err != nil {
+		return nil, err
+	}
+	f := &Feed{r: r, opts: opts}
+	f.engines.Store(&map[string]*Engine{})
+	return f, nil
+}
+
+// AddWorker registers a healthy worker with the router and returns the engine that keeps its
+// index entries from its KV events (feed it with Engine.Live, or hand it to SubscribeZMQ).
+func (f *Feed) AddWorker(name string) (*Engine, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	slot, err := f.r.AddWorker(name)
+	if err != nil {
+		return nil, err
+	}
+	eng, err := NewEngine(f.r.Index(), slot, f.r.Options().BlockSize, &f.opts, &f.stats)
+	if err != nil {
+		_ = f.r.RemoveWorker(name) // just added: cannot fail
+		return nil, err
+	}
+	next := maps.Clone(*f.engines.Load())
+	next[name] = eng
+	f.engines.Store(&next)
+	return eng, nil
+}
+
+// RemoveWorker forgets a worker: its engine, and in the router its index entries and its
+// requests in flight. Stop feeding its engine first.
+func (f *Feed) RemoveWorker(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := (*f.engines.Load())[name]; !ok {
+		return &router.ErrUnknownWorker{Name: name}
+	}
+	next := maps.Clone(*f.engines.Load())
+	delete(next, name)
+	f.engines.Store(&next)
+	return f.r.RemoveWorker(name)
+}
+
+// Engine is the engine of the worker with that name, or nil.
+func (f *Feed) Engine(name string) *Engine { return (*f.engines.Load())[name] }
+
+// Stats are the feed's event counters.
+func (f *Feed) Stats() *Stats { return &f.stats }
+
+// Router is the router the feed keeps in step.
+func (f *Feed) Router() *router.Router { return f.r }

@@ -1,0 +1,56 @@
+package kvevents
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Collector exports a Feed's event counters as Prometheus metrics, read at scrape time (no
+// hot-path cost), under the router's names: register it wherever the router's own
+// router.Collector is registered.
+type Collector struct {
+	s                      *Stats
+	events, blocks, stream *prometheus.Desc
+}
+
+// NewCollector describes f's metrics.
+func NewCollector(f *Feed) *Collector {
+	d := func(name, help, label string) *prometheus.Desc {
+		return prometheus.NewDesc("dataplane_router_"+name, help, []string{label}, nil)
+	}
+	return &Collector{
+		s:      &f.stats,
+		events: d("kv_events_total", "KV events and batches by outcome.", "outcome"),
+		blocks: d("kv_blocks_total", "Index entries added or removed by KV events.", "op"),
+		stream: d("kv_stream_total", "Event stream incidents.", "incident"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.events
+	ch <- c.blocks
+	ch <- c.stream
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	n := func(d *prometheus.Desc, v int64, label string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
+	}
+	s := c.s
+	n(c.events, s.Batches.Load(), "batch_applied")
+	n(c.events, s.BadPayloads.Load(), "bad_payload")
+	n(c.events, s.BadEvents.Load(), "bad_event")
+	n(c.events, s.UnknownEvents.Load(), "unknown_event")
+	n(c.events, s.Filtered.Load(), "filtered")
+	n(c.events, s.SizeMismatch.Load(), "block_size_mismatch")
+	n(c.events, s.UnknownParent.Load(), "unknown_parent")
+	n(c.events, s.UnknownBlocks.Load(), "unknown_block")
+	n(c.events, s.Clears.Load(), "all_blocks_cleared")
+	n(c.blocks, s.BlocksStored.Load(), "stored")
+	n(c.blocks, s.BlocksRemoved.Load(), "removed")
+	n(c.stream, s.Duplicates.Load(), "duplicate")
+	n(c.stream, s.Gaps.Load(), "gap")
+	n(c.stream, s.Replayed.Load(), "replayed_batch")
+	n(c.stream, s.Unrecoverable.Load(), "unrecoverable_gap")
+	n(c.stream, s.Restarts.Load(), "restart")
+	n(c.stream, s.ReplayFailures.Load(), "replay_failure")
+}
