@@ -256,7 +256,10 @@ func (l loader) parsePreTokenizer(raw json.RawMessage, path string) (splitter, e
 			return nil, l.errf(ErrFormat, path+".pattern", "neither Regex nor String")
 		}
 		if sc, ok := scannerFor(pattern); ok {
-			return splitPre{m: sc, removed: removed}, nil
+			if removed {
+				return splitPre{m: sc, removed: true}, nil
+			}
+			return sc, nil // Isolated: see scanner.split
 		}
 		m, err := newRegexMatcher(pattern)
 		if err != nil {

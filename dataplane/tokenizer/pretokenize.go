@@ -60,6 +60,13 @@ func (sc scanner) matches(s string, fn func(start, end int) error) error {
 	return nil
 }
 
+// split makes scanner the Split pre-tokenizer (Isolated) of its pattern: the matches tile the
+// text, so each match is a piece. Splitting here rather than through splitPre spares the
+// callback splitPre passes to its matcher, which would escape and cost an allocation per call.
+func (sc scanner) split(s string, emit func(string) error) error {
+	return sc.matches(s, func(a, b int) error { return emit(s[a:b]) })
+}
+
 // Character classes as Oniguruma defines them for these patterns: \p{L} and \p{N} are the
 // Unicode general categories, \s is White_Space (which is what unicode.IsSpace tests).
 func isL(r rune) bool {

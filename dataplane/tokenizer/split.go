@@ -52,7 +52,7 @@ func (p byteLevelPre) split(s string, emit func(string) error) error {
 	if !p.useRegex {
 		return emit(s)
 	}
-	return splitPre{m: scanner{gpt2: true}}.split(s, emit)
+	return scanner{gpt2: true}.split(s, emit)
 }
 
 // seqPre runs pre-tokenizers one after the other, each on the pieces of the one before.

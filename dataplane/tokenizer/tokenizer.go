@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -69,6 +70,7 @@ type Tokenizer struct {
 	byteLevelDecoder bool
 	post             []postStep // what AddSpecialTokens adds around the text
 	postErr          error      // set when the file's post-processor is not implemented
+	encoders         sync.Pool  // *encoder, one per concurrent Encode
 
 	config    Config
 	templates map[string]parsedTemplate
@@ -266,7 +268,8 @@ func (t *Tokenizer) AppendEncode(dst []int32, text string, o EncodeOptions) ([]i
 		}
 		steps = t.post
 	}
-	e := encoder{t: t, out: dst, limit: len(dst) + t.opts.MaxTokens}
+	e := t.getEncoder(dst)
+	defer t.putEncoder(e)
 	for _, s := range steps {
 		var err error
 		if s.sequence {
@@ -294,10 +297,30 @@ func firstInvalid(s string) int {
 
 // encoder carries one Encode call through the pipeline: raw added tokens, normalization,
 // normalized added tokens, pre-tokenization, BPE.
+//
+// Encoders are pooled so that a cache hit allocates nothing: the pre-tokenizer is an interface,
+// and a callback passed through an interface escapes, so a per-call encoder and its method
+// value would both be heap-allocated on every call. A pooled one binds emitWord once.
 type encoder struct {
-	t     *Tokenizer
-	out   []int32
-	limit int
+	t        *Tokenizer
+	out      []int32
+	limit    int
+	emitWord func(string) error // e.word, bound once for the pre-tokenizer
+}
+
+func (t *Tokenizer) getEncoder(dst []int32) *encoder {
+	e, _ := t.encoders.Get().(*encoder)
+	if e == nil {
+		e = &encoder{t: t}
+		e.emitWord = e.word
+	}
+	e.out, e.limit = dst, len(dst)+t.opts.MaxTokens
+	return e
+}
+
+func (t *Tokenizer) putEncoder(e *encoder) {
+	e.out = nil // the pool must not keep the caller's buffer alive
+	t.encoders.Put(e)
 }
 
 func (e *encoder) full() error {
@@ -326,7 +349,7 @@ func (e *encoder) normalized(s string) error {
 }
 
 func (e *encoder) pretokenized(s string) error {
-	return e.t.pre.split(s, e.word)
+	return e.t.pre.split(s, e.emitWord)
 }
 
 func (e *encoder) word(w string) error {
