@@ -145,7 +145,7 @@ func (s *Server) debugRoute(ctx *fasthttp.RequestCtx) {
 }
 
 // checkModel refuses a model this server does not serve ("" is the one it serves).
-func (s *Server) checkModel(model string) *Error {
+func (s *Server) checkModel(model string) error {
 	name := s.svc.Models().Name
 	if model == "" || model == name {
 		return nil
@@ -155,7 +155,7 @@ func (s *Server) checkModel(model string) *Error {
 }
 
 // checkTokenIDs refuses ids the model's embedding table has no row for (param names the list).
-func (s *Server) checkTokenIDs(ids []int32, param string) *Error {
+func (s *Server) checkTokenIDs(ids []int32, param string) error {
 	rows := s.svc.Models().Table.Rows
 	for i, id := range ids {
 		if int(id) >= rows {
@@ -165,17 +165,17 @@ func (s *Server) checkTokenIDs(ids []int32, param string) *Error {
 	return nil
 }
 
+// Each endpoint reads its request into a dataplane.Prompt; the first error answers it.
+
 func (s *Server) chat(ctx *fasthttp.RequestCtx) {
 	req, err := openai.ParseChat(ctx.PostBody(), s.svc.Limits())
-	if err != nil {
-		writeAPIError(ctx, ErrorOf(err))
-		return
+	var ids []int32
+	if err == nil {
+		err = s.checkModel(req.Model)
 	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeAPIError(ctx, e)
-		return
+	if err == nil {
+		ids, err = s.svc.Tokenizer().Chat(req.Messages)
 	}
-	ids, err := s.svc.Tokenizer().Chat(req.Messages)
 	if err != nil {
 		writeAPIError(ctx, ErrorOf(err))
 		return
@@ -186,41 +186,36 @@ func (s *Server) chat(ctx *fasthttp.RequestCtx) {
 
 func (s *Server) completions(ctx *fasthttp.RequestCtx) {
 	req, err := openai.ParseCompletion(ctx.PostBody(), s.svc.Limits())
+	if err == nil {
+		err = s.checkModel(req.Model)
+	}
+	if err == nil && req.PromptIDs == nil {
+		req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: true})
+		if err != nil {
+			err = BadRequest("prompt", "%v", err)
+		}
+	}
+	if err == nil {
+		err = s.checkTokenIDs(req.PromptIDs, "prompt")
+	}
 	if err != nil {
 		writeAPIError(ctx, ErrorOf(err))
 		return
 	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeAPIError(ctx, e)
-		return
-	}
-	ids := req.PromptIDs
-	if ids == nil {
-		if ids, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: true}); err != nil {
-			writeAPIError(ctx, BadRequest("prompt", "%v", err))
-			return
-		}
-	}
-	if e := s.checkTokenIDs(ids, "prompt"); e != nil {
-		writeAPIError(ctx, e)
-		return
-	}
-	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Sampling: req.Sampling, Ext: req.Ext}
+	p := &dataplane.Prompt{Tokens: req.PromptIDs, Style: sequence.PlaceholderSingle, Sampling: req.Sampling, Ext: req.Ext}
 	s.generate(ctx, "completions", p, req.Stream, req.IncludeUsage, completionStream{})
 }
 
 func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
 	req, err := openai.ParsePretokenized(ctx.PostBody(), s.svc.Limits())
+	if err == nil {
+		err = s.checkModel(req.Model)
+	}
+	if err == nil {
+		err = s.checkTokenIDs(req.TokenIDs, "token_ids")
+	}
 	if err != nil {
 		writeAPIError(ctx, ErrorOf(err))
-		return
-	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeAPIError(ctx, e)
-		return
-	}
-	if e := s.checkTokenIDs(req.TokenIDs, "token_ids"); e != nil {
-		writeAPIError(ctx, e)
 		return
 	}
 	style := sequence.PlaceholderSingle
