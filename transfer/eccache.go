@@ -29,7 +29,7 @@ func WriteECCache(dir, mmHash string, m native.Matrix) error {
 	if err := os.MkdirAll(filepath.Join(dir, mmHash), 0o755); err != nil {
 		return err
 	}
-	t := safetensors.Tensor{Name: "ec_cache", DType: strings.ToUpper(m.DType.String()), Shape: []int{m.Rows, m.Cols},
+	t := safetensors.Tensor{Name: "ec_cache", DType: safetensors.DTypeName(m.DType), Shape: []int{m.Rows, m.Cols},
 		Data: m.Data[:m.Bytes()]}
 	return safetensors.WriteFile(ECCacheFile(dir, mmHash), []safetensors.Tensor{t}, map[string]string{"format": "pt"})
 }

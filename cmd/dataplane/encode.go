@@ -173,7 +173,7 @@ func encodeCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 				return fmt.Errorf("input %d (%s): %w", i, raws.inputs[i].path, err)
 			}
 			outs[i-start] = native.Matrix{Data: make([]byte, n*m.Width()*dtype.Size()), DType: dtype, Rows: n, Cols: m.Width()}
-			tensors[i] = safetensors.Tensor{Name: fmt.Sprintf("raw.%d", i), DType: strings.ToUpper(dtype.String()),
+			tensors[i] = safetensors.Tensor{Name: fmt.Sprintf("raw.%d", i), DType: safetensors.DTypeName(dtype),
 				Shape: []int{n, m.Width()}, Data: outs[i-start].Data}
 		}
 		if err := m.Run(inputs[start:end], outs); err != nil {

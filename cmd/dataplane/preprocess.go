@@ -172,7 +172,7 @@ type tensorNames struct{ input, grid string }
 // patch grid as the [1, 3] I64 tensor Qwen2-VL's processors return.
 func fileTensors(res *media.Result, names tensorNames) []safetensors.Tensor {
 	in := res.Input
-	out := []safetensors.Tensor{{Name: names.input, DType: strings.ToUpper(in.DType.String()), Shape: in.Shape, Data: in.Data}}
+	out := []safetensors.Tensor{{Name: names.input, DType: safetensors.DTypeName(in.DType), Shape: in.Shape, Data: in.Data}}
 	if res.Grid != [3]int{} { // Qwen2-VL; a grid has at least one patch a side
 		grid := make([]byte, 0, 24)
 		for _, v := range res.Grid {

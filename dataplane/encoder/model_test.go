@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -53,7 +52,7 @@ func writeCheckpoint(t *testing.T, config map[string]any, tensors map[string]ten
 		require.NoError(t, native.Convert(data, dtype, native.AsBytes(tv.v), native.F32))
 		back := make([]float32, len(tv.v))
 		require.NoError(t, native.Convert(native.AsBytes(back), native.F32, data, dtype))
-		list = append(list, safetensors.Tensor{Name: name, DType: strings.ToUpper(dtype.String()), Shape: tv.shape, Data: data})
+		list = append(list, safetensors.Tensor{Name: name, DType: safetensors.DTypeName(dtype), Shape: tv.shape, Data: data})
 		ref[name] = make([]float64, len(back))
 		for i, v := range back {
 			ref[name][i] = float64(v)

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"syscall"
 
 	"dataplane/native"
@@ -41,6 +42,9 @@ var dtypeSizes = map[string]int{
 
 // DTypeSize is the element size of a safetensors dtype name, 0 if unknown.
 func DTypeSize(dtype string) int { return dtypeSizes[dtype] }
+
+// DTypeName is the safetensors spelling of a native dtype: F32, F16, BF16.
+func DTypeName(t native.DType) string { return strings.ToUpper(t.String()) }
 
 // Tensor is one named tensor. In a File, Data is a view of the mapping, valid until Close.
 type Tensor struct {
