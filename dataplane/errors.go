@@ -8,7 +8,7 @@ import (
 // The kinds of failure of the request path that no deeper package has a type of its own for.
 // Every error Service.Run returns carries one of these or a deeper package's typed error in its
 // chain (a *features.BudgetError, encoderpool.ErrQueueFull, the fetch errors, an
-// *openai.RequestError, a context error); dataplane/api turns them into HTTP statuses.
+// *openai.RequestError, a *memory.Error, a context error); dataplane/api turns them into HTTP statuses.
 var (
 	// ErrInvalid: the request contradicts itself or the model (placeholders and media, an
 	// undecodable item, a prompt too long).
@@ -16,6 +16,9 @@ var (
 	// ErrUnavailable: the daemon cannot take the request now (shutting down, no LLM worker,
 	// the encoders refused it); another try later may work.
 	ErrUnavailable = errors.New("no capacity for the request")
+	// ErrTooLarge: the request can never fit this daemon's memory, however idle it is (its
+	// features and merged sequence outgrow the feature store).
+	ErrTooLarge = errors.New("request too large for this server")
 	// ErrTimeout: the request's media were not encoded within ServiceOptions.ItemTimeout.
 	ErrTimeout = errors.New("media not encoded in time")
 	// ErrUpstream: the LLM worker refused or failed the request.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"dataplane/dataplane/encoderpool"
+	"dataplane/dataplane/memory"
 	"dataplane/dataplane/openai"
 	"dataplane/dataplane/sequence"
 	"dataplane/dataplane/worker"
@@ -33,6 +34,9 @@ type Prompt struct {
 	Media    []*openai.Media           // in placeholder order
 	Sampling openai.Sampling
 	Ext      openai.Extensions
+	// Memory is the request's account on the service's memory budget (the API opened it for
+	// the body); the request closes it when it ends. nil: nothing accounted.
+	Memory *memory.Account
 }
 
 // Generation is a request handed to an LLM worker: its events and how it was routed.
@@ -57,6 +61,7 @@ func storeError(err error, param string) *Error {
 // p from then on. Its errors are *Error, or the context's error when ctx ends first.
 func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 	if !s.begin() {
+		p.Memory.Close()
 		return nil, fail(ErrUnavailable, "", "the server is shutting down")
 	}
 	start := time.Now()
@@ -99,16 +104,19 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	if err := r.prepareAll(ctx); err != nil {
 		return nil, err
 	}
+	if err := r.place(); err != nil {
+		return nil, err
+	}
 	if len(r.items) > 0 {
+		if err := r.checkFits(); err != nil {
+			return nil, err
+		}
 		if r.fr, err = s.store.Begin(r.id, policy); err != nil {
 			return nil, storeError(err, "")
 		}
 		if err := r.admit(ctx); err != nil {
 			return nil, err
 		}
-	}
-	if err := r.place(); err != nil {
-		return nil, err
 	}
 	decision, err := r.route()
 	if err != nil {
@@ -205,6 +213,25 @@ func (r *request) drop(idx []int) error {
 		k++
 	}
 	r.p.Tokens, r.items, r.p.Media = tokens, kept, keptMedia
+	return nil
+}
+
+// checkFits refuses a request whose features and merged sequence together outgrow the
+// feature store: waiting could never help (413, not 503).
+func (r *request) checkFits() error {
+	s := r.s
+	row := int64(s.models.Hidden) * int64(s.models.DType.Size())
+	need := int64(r.pm.Len) * row
+	have := s.opts.Features.Host.Capacity
+	for _, it := range r.items {
+		if one := int64(it.tokens) * row; one > have {
+			return fail(ErrTooLarge, it.src.Path, "its features need %d bytes; the feature store holds %d (--feature-bytes)", one, have)
+		}
+		need += int64(it.tokens) * row
+	}
+	if need > have {
+		return fail(ErrTooLarge, "messages", "its media's features and the merged sequence need %d bytes; the feature store holds %d (--feature-bytes)", need, have)
+	}
 	return nil
 }
 
@@ -579,6 +606,7 @@ func (r *request) release(err error) {
 		if r.routed.Load() {
 			r.s.router.Finish(r.id)
 		}
+		r.p.Memory.Close()
 		r.s.active.Done()
 	})
 }

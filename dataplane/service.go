@@ -16,6 +16,7 @@ import (
 	"dataplane/dataplane/encoderpool"
 	"dataplane/dataplane/media"
 	"dataplane/dataplane/media/fetch"
+	"dataplane/dataplane/memory"
 	"dataplane/dataplane/openai"
 	"dataplane/dataplane/worker"
 	"dataplane/features"
@@ -52,6 +53,15 @@ type ServiceOptions struct {
 	TransferBytesPerSecond float64
 	// WorkerRetry is how long a worker that said it is unavailable stays out of routing.
 	WorkerRetry time.Duration
+	// MemoryBytes is the process's memory budget (--memory-bytes); 0: no accounting. What is
+	// left of it after the feature store, what the process holds once its models are loaded and
+	// memory.RuntimeReserve is the budget of everything requests make (Memory().Capacity()).
+	MemoryBytes int64
+	// RequestMemoryBytes, when > 0, is the request budget itself, whatever MemoryBytes says
+	// (an embedding program that knows what it can spare).
+	RequestMemoryBytes int64
+	// MemoryWait is how long a reservation waits for room before a 503 (0: memory's default).
+	MemoryWait time.Duration
 	// WrapEncoder, if set, wraps the encoder every job runs on (instrumentation; tests inject
 	// faults with it).
 	WrapEncoder func(encoderpool.Model) encoderpool.Model
@@ -94,6 +104,8 @@ type Service struct {
 	uuids   *uuidTable
 	metrics *serviceMetrics
 	routes  *router.DecisionLog
+	memPlan memory.Plan
+	memory  *memory.Budget // nil: no accounting
 
 	mu      sync.Mutex
 	workers map[string]worker.Worker
@@ -143,6 +155,18 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		s.closePieces()
 		return nil, err
 	}
+	switch {
+	case opts.RequestMemoryBytes > 0:
+		s.memPlan = memory.Plan{Requests: opts.RequestMemoryBytes}
+	case opts.MemoryBytes > 0:
+		if s.memPlan, err = memory.NewPlan(opts.MemoryBytes, opts.Features.Host.Capacity, memory.RSS()); err != nil {
+			s.closePieces()
+			return nil, err
+		}
+	}
+	if s.memPlan.Requests > 0 {
+		s.memory, _ = memory.New(memory.Options{Capacity: s.memPlan.Requests, MaxWait: opts.MemoryWait}) // Requests > 0: no error
+	}
 	s.metrics = newServiceMetrics()
 	po := opts.Pool
 	po.Observe = s.metrics.observeBatch
@@ -165,6 +189,11 @@ func (s *Service) AddWorker(w worker.Worker) (*kvevents.Engine, error) {
 	s.workers[w.Name()] = w
 	return e, nil
 }
+
+// Memory is the budget requests reserve against (nil: no accounting), and MemoryPlan how
+// --memory-bytes was divided.
+func (s *Service) Memory() *memory.Budget  { return s.memory }
+func (s *Service) MemoryPlan() memory.Plan { return s.memPlan }
 
 // Router is the service's router (for metrics and the debug endpoint).
 func (s *Service) Router() *router.Router { return s.router }

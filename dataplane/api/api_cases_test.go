@@ -448,9 +448,10 @@ func TestItemTimeout(t *testing.T) {
 
 // ---- 4. feature budget ----
 
-// A request whose features cannot fit in the budget is refused with 503 and Retry-After once
-// the wait runs out, or 429 and Retry-After when the wait queue is full; an item larger than
-// the whole budget is 413 without Retry-After. Each message says why; every byte comes back.
+// A request whose features cannot fit in the budget now is refused with 503 and Retry-After
+// once the wait runs out, or 429 and Retry-After when the wait queue is full; an item larger
+// than the whole budget, or a request whose features and merged sequence together are, is 413
+// without Retry-After. Each message says why; every byte comes back.
 func TestFeatureBudgetExhausted(t *testing.T) {
 	small := func(capacity func(img int64) int64, maxWait time.Duration, waiters int) func(*dataplane.ServiceOptions) {
 		return func(o *dataplane.ServiceOptions) {
@@ -462,29 +463,40 @@ func TestFeatureBudgetExhausted(t *testing.T) {
 			o.Features.RetryAfter = 2 * time.Second
 		}
 	}
+	// occupy sends two one-picture requests whose encoding a gate holds: each holds a
+	// picture's features (a picture and its merged sequence fit the budget of 2.1 pictures, two
+	// pictures' features too, a third does not).
+	occupy := func(t *testing.T, d *testDaemon, seed uint64) {
+		g := newGate(t)
+		d.wrapEncoders(func(m encoderpool.Model) encoderpool.Model { return gateModel{m, g} })
+		for i := range uint64(2) {
+			raw, _ := json.Marshal(chatBody(1, imagePart(randomPNG(t, seed+i))))
+			conn, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))
+			require.NoError(t, err)
+			t.Cleanup(func() { conn.Close() })
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(raw), raw)
+		}
+		require.Eventually(t, func() bool { h := d.svc.FeatureStats().Host; return h.Used+h.Reserved >= 2*d.imageBytes() },
+			10*time.Second, 5*time.Millisecond)
+		t.Cleanup(g.open)
+	}
 	t.Run("503 after the wait", func(t *testing.T) {
-		// Room for two pictures and a half: one request's own three cannot all be admitted,
-		// since a record its request holds is never evicted.
-		d := startDaemon(t, small(func(img int64) int64 { return 2*img + img/2 }, 50*time.Millisecond, 0))
-		code, h, out := d.postResp(t, "/v1/chat/completions", chatBody(1,
-			imagePart(randomPNG(t, 10)), imagePart(randomPNG(t, 11)), imagePart(randomPNG(t, 12))))
+		d := startDaemon(t, small(func(img int64) int64 { return 2*img + img/10 }, 50*time.Millisecond, 0))
+		occupy(t, d, 10)
+		code, h, out := d.postResp(t, "/v1/chat/completions", chatBody(1, imagePart(randomPNG(t, 12))))
 		require.Equal(t, 503, code, "%v", out)
 		require.Equal(t, "2", h.Get("Retry-After"))
 		msg, param := apiError(t, out)
-		require.Equal(t, "messages[0].content[2]", param, "the item that did not fit")
+		require.Equal(t, "messages[0].content[0]", param, "the item that did not fit")
 		require.Contains(t, msg, "host pool: timeout")
 		require.Contains(t, msg, fmt.Sprintf("need %d bytes", d.imageBytes()))
-		d.requireNoFeatureBytes(t)
 		require.Equal(t, 1.0, d.metric(t, `dataplane_features_pool_rejections_total{pool="host",reason="timeout"}`))
-		// One picture and its merged sequence fit: the daemon serves on.
-		code, out = d.post(t, "/v1/chat/completions", chatBody(1, imagePart(randomPNG(t, 13))))
-		require.Equal(t, 200, code, "%v", out)
-		d.requireNoFeatureBytes(t)
 	})
 	t.Run("429 when the wait queue is full", func(t *testing.T) {
-		d := startDaemon(t, small(func(img int64) int64 { return 2*img + img/2 }, time.Minute, 1))
-		// The first request's third picture waits for memory (the only waiter allowed)...
-		raw, _ := json.Marshal(chatBody(1, imagePart(randomPNG(t, 20)), imagePart(randomPNG(t, 21)), imagePart(randomPNG(t, 22))))
+		d := startDaemon(t, small(func(img int64) int64 { return 2*img + img/10 }, time.Minute, 1))
+		occupy(t, d, 20)
+		// The third picture waits for memory (the only waiter allowed)...
+		raw, _ := json.Marshal(chatBody(1, imagePart(randomPNG(t, 22))))
 		conn, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))
 		require.NoError(t, err)
 		defer conn.Close()
@@ -497,11 +509,24 @@ func TestFeatureBudgetExhausted(t *testing.T) {
 		msg, param := apiError(t, out)
 		require.Equal(t, "messages[0].content[0]", param)
 		require.Contains(t, msg, "host pool: queue_full")
-		// The waiting client leaves: its wait ends and everything it held is released.
+		// The waiting client leaves: its wait ends.
 		conn.Close()
-		d.requireNoFeatureBytes(t)
-		require.Zero(t, d.svc.FeatureStats().Host.Waiting)
+		require.Eventually(t, func() bool { return d.svc.FeatureStats().Host.Waiting == 0 }, 10*time.Second, 5*time.Millisecond)
 		require.Equal(t, 1.0, d.metric(t, `dataplane_requests_total{endpoint="chat",outcome="rejected"}`))
+	})
+	t.Run("413 when the request's features and merged sequence can never fit", func(t *testing.T) {
+		d := startDaemon(t, small(func(img int64) int64 { return 2*img + img/2 }, 50*time.Millisecond, 0))
+		code, h, out := d.postResp(t, "/v1/chat/completions", chatBody(1,
+			imagePart(randomPNG(t, 15)), imagePart(randomPNG(t, 16))))
+		require.Equal(t, 413, code, "%v", out)
+		require.Empty(t, h.Get("Retry-After"), "retrying cannot help")
+		msg, _ := apiError(t, out)
+		require.Contains(t, msg, "--feature-bytes")
+		d.requireNoFeatureBytes(t)
+		// One picture and its merged sequence fit: the daemon serves on.
+		code, out = d.post(t, "/v1/chat/completions", chatBody(1, imagePart(randomPNG(t, 13))))
+		require.Equal(t, 200, code, "%v", out)
+		d.requireNoFeatureBytes(t)
 	})
 	t.Run("413 when one item can never fit", func(t *testing.T) {
 		d := startDaemon(t, small(func(img int64) int64 { return img / 2 }, 50*time.Millisecond, 0))
@@ -510,7 +535,7 @@ func TestFeatureBudgetExhausted(t *testing.T) {
 		require.Empty(t, h.Get("Retry-After"), "retrying cannot help")
 		msg, param := apiError(t, out)
 		require.Equal(t, "messages[0].content[1]", param)
-		require.Contains(t, msg, "host pool: too_large")
+		require.Contains(t, msg, "--feature-bytes")
 		d.requireNoFeatureBytes(t)
 		// Text still fits (it needs no features).
 		code, out = d.post(t, "/v1/chat/completions", chatBody(1, textPart("just text")))

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -42,13 +43,13 @@ func (s *Server) apiRoute(ctx *fasthttp.RequestCtx, path []byte) (string, bool) 
 		s.models(ctx)
 		return "/v1/models", true
 	case "/v1/chat/completions":
-		s.post(ctx, s.chat)
+		s.post(ctx, "chat", s.chat)
 		return "/v1/chat/completions", true
 	case "/v1/completions":
-		s.post(ctx, s.completions)
+		s.post(ctx, "completions", s.completions)
 		return "/v1/completions", true
 	case "/v1/pretokenized":
-		s.post(ctx, s.pretokenized)
+		s.post(ctx, "pretokenized", s.pretokenized)
 		return "/v1/pretokenized", true
 	case "/debug/route":
 		s.debugRoute(ctx)
@@ -74,7 +75,10 @@ func (s *Server) apiRoute(ctx *fasthttp.RequestCtx, path []byte) (string, bool) 
 // pprofIndex is net/http/pprof's index page, served at /debug/pprof/ as net/http serves it.
 var pprofIndex = fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index)
 
-func (s *Server) post(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx)) {
+// post reads a generation request's body against the memory budget, parses it with parse
+// and runs it. The request's memory account goes with the prompt to the service, which gives
+// everything back when the request ends; a request that never gets there closes it here.
+func (s *Server) post(ctx *fasthttp.RequestCtx, endpoint string, parse func([]byte) (parsed, error)) {
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set("Allow", "POST")
 		writeAPIError(ctx, &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: "use POST"})
@@ -84,7 +88,30 @@ func (s *Server) post(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx)) {
 		writeAPIError(ctx, &Error{Status: http.StatusServiceUnavailable, Type: "overloaded_error", Message: "no models loaded"})
 		return
 	}
-	h(ctx)
+	acct := s.svc.Memory().Account()
+	body, err := s.readBody(ctx, s.cut, acct)
+	var req parsed
+	if err == nil {
+		// Parsing copies what it keeps (the media's URLs and data) out of the body.
+		err = acct.Reserve(s.cut, int64(len(body)), "parsed request")
+	}
+	if err == nil {
+		req, err = parse(body)
+	}
+	if err != nil {
+		acct.Close()
+		writeAPIError(ctx, ErrorOf(err))
+		return
+	}
+	req.p.Memory = acct
+	s.generate(ctx, endpoint, req)
+}
+
+// parsed is a request an endpoint has read: its prompt and how to answer it.
+type parsed struct {
+	p                    *dataplane.Prompt
+	stream, includeUsage bool
+	format               streamFormat
 }
 
 func writeAPIError(ctx *fasthttp.RequestCtx, e *Error) {
@@ -167,8 +194,8 @@ func (s *Server) checkTokenIDs(ids []int32, param string) error {
 
 // Each endpoint reads its request into a dataplane.Prompt; the first error answers it.
 
-func (s *Server) chat(ctx *fasthttp.RequestCtx) {
-	req, err := openai.ParseChat(ctx.PostBody(), s.svc.Limits())
+func (s *Server) chat(body []byte) (parsed, error) {
+	req, err := openai.ParseChat(body, s.svc.Limits())
 	var ids []int32
 	if err == nil {
 		err = s.checkModel(req.Model)
@@ -177,15 +204,14 @@ func (s *Server) chat(ctx *fasthttp.RequestCtx) {
 		ids, err = s.svc.Tokenizer().Chat(req.Messages)
 	}
 	if err != nil {
-		writeAPIError(ctx, ErrorOf(err))
-		return
+		return parsed{}, err
 	}
 	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext}
-	s.generate(ctx, "chat", p, req.Stream, req.IncludeUsage, chatStream{})
+	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: chatStream{}}, nil
 }
 
-func (s *Server) completions(ctx *fasthttp.RequestCtx) {
-	req, err := openai.ParseCompletion(ctx.PostBody(), s.svc.Limits())
+func (s *Server) completions(body []byte) (parsed, error) {
+	req, err := openai.ParseCompletion(body, s.svc.Limits())
 	if err == nil {
 		err = s.checkModel(req.Model)
 	}
@@ -199,15 +225,14 @@ func (s *Server) completions(ctx *fasthttp.RequestCtx) {
 		err = s.checkTokenIDs(req.PromptIDs, "prompt")
 	}
 	if err != nil {
-		writeAPIError(ctx, ErrorOf(err))
-		return
+		return parsed{}, err
 	}
 	p := &dataplane.Prompt{Tokens: req.PromptIDs, Style: sequence.PlaceholderSingle, Sampling: req.Sampling, Ext: req.Ext}
-	s.generate(ctx, "completions", p, req.Stream, req.IncludeUsage, completionStream{})
+	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: completionStream{}}, nil
 }
 
-func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
-	req, err := openai.ParsePretokenized(ctx.PostBody(), s.svc.Limits())
+func (s *Server) pretokenized(body []byte) (parsed, error) {
+	req, err := openai.ParsePretokenized(body, s.svc.Limits())
 	if err == nil {
 		err = s.checkModel(req.Model)
 	}
@@ -215,15 +240,14 @@ func (s *Server) pretokenized(ctx *fasthttp.RequestCtx) {
 		err = s.checkTokenIDs(req.TokenIDs, "token_ids")
 	}
 	if err != nil {
-		writeAPIError(ctx, ErrorOf(err))
-		return
+		return parsed{}, err
 	}
 	style := sequence.PlaceholderSingle
 	if req.Style == "expanded" {
 		style = sequence.PlaceholderExpanded
 	}
 	p := &dataplane.Prompt{Tokens: req.TokenIDs, Style: style, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext}
-	s.generate(ctx, "pretokenized", p, req.Stream, req.IncludeUsage, completionStream{})
+	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: completionStream{}}, nil
 }
 
 // streamFormat writes a generation as one endpoint's responses.
@@ -268,19 +292,28 @@ func (completionStream) whole(g *dataplane.Generation, text, finish string, usag
 // generate runs a prompt and answers with the whole completion or a stream of chunks, and
 // counts how it ended. The request's context ends when the client goes away (watched on the
 // connection) or the answer is written.
-func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, p *dataplane.Prompt, stream, includeUsage bool, f streamFormat) {
+func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed) {
+	p, stream, includeUsage, f := req.p, req.stream, req.includeUsage, req.format
 	start := time.Now()
 	finished := func(outcome string) {
 		s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
 		s.metrics.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
 	}
-	reqCtx, cancel := context.WithCancel(context.Background())
+	// A request ends early when its client leaves or a drain runs out of time (s.cut).
+	reqCtx, cancelCause := context.WithCancelCause(s.cut)
+	cancel := func() { cancelCause(errClientLeft) }
 	stopWatch := watchDisconnect(ctx.Conn(), cancel)
 	g, err := s.svc.Run(reqCtx, p)
 	if err != nil {
 		stopWatch()
-		cancel()
 		e := ErrorOf(err)
+		switch context.Cause(reqCtx) { // before cancel, which sets a cause of its own
+		case errShutdown:
+			e = s.cutErr
+		case errClientLeft: // whatever the step it was in made of it (a fetch cut short: a 502)
+			e = &Error{Status: statusCancelled, Type: "cancelled", Message: errClientLeft.Error()}
+		}
+		cancel()
 		finished(outcomeOf(e.Status))
 		writeAPIError(ctx, e)
 		return
@@ -299,7 +332,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, p *dataplan
 			}
 		}
 		if !done.Done || done.Err != nil {
-			e := generationError(reqCtx, done)
+			e := s.generationError(reqCtx, done)
 			finished(outcomeOf(e.Status))
 			writeAPIError(ctx, e)
 			return
@@ -327,7 +360,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, p *dataplan
 		for ev := range g.Events {
 			if ev.Done {
 				if ev.Err != nil {
-					e := generationError(reqCtx, ev)
+					e := s.generationError(reqCtx, ev)
 					outcome = outcomeOf(e.Status)
 					sse.Error(e) //nolint:errcheck
 					return
@@ -351,7 +384,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, p *dataplan
 				return // the client left: cancel releases everything
 			}
 		}
-		outcome = outcomeOf(generationError(reqCtx, worker.Event{}).Status) // the events ended without a last one
+		e := s.generationError(reqCtx, worker.Event{}) // the events ended without a last one
+		outcome = outcomeOf(e.Status)
+		sse.Error(e) //nolint:errcheck // the client may be gone; one still there learns why
 	})
 }
 
@@ -363,7 +398,13 @@ func usage(g *dataplane.Generation, done worker.Event, completion int) openai.Us
 	return u
 }
 
-func generationError(ctx context.Context, ev worker.Event) *Error {
+// errClientLeft is the cause of a request whose client closed its connection.
+var errClientLeft = errors.New("the client went away")
+
+func (s *Server) generationError(ctx context.Context, ev worker.Event) *Error {
+	if context.Cause(ctx) == errShutdown {
+		return s.cutErr
+	}
 	if ctx.Err() != nil {
 		return &Error{Status: statusCancelled, Type: "cancelled", Message: "the client went away"}
 	}

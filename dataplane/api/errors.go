@@ -11,6 +11,7 @@ import (
 	"dataplane/dataplane"
 	"dataplane/dataplane/encoderpool"
 	"dataplane/dataplane/media/fetch"
+	"dataplane/dataplane/memory"
 	"dataplane/dataplane/openai"
 	"dataplane/dataplane/sequence"
 	"dataplane/features"
@@ -76,6 +77,7 @@ func ErrorOf(err error) *Error {
 		re  *openai.RequestError
 		de  *dataplane.Error
 		be  *features.BudgetError
+		me  *memory.Error
 		pe  *sequence.PositionError
 		out = &Error{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
 	)
@@ -99,6 +101,13 @@ func ErrorOf(err error) *Error {
 		out.Status, out.Type = http.StatusBadGateway, "upstream_error"
 	case errors.As(err, &be):
 		out.Status, out.Type, out.Message, out.RetryAfter = budgetStatus(be.Reason), "overloaded_error", be.Error(), be.RetryAfter
+	case errors.As(err, &me):
+		out.Status, out.Type, out.RetryAfter = http.StatusServiceUnavailable, "overloaded_error", me.RetryAfter
+		if me.Reason == memory.TooLarge {
+			out.Status, out.Type = http.StatusRequestEntityTooLarge, "invalid_request_error"
+		}
+	case errors.Is(err, dataplane.ErrTooLarge):
+		out.Status, out.Type = http.StatusRequestEntityTooLarge, "invalid_request_error"
 	case errors.Is(err, encoderpool.ErrQueueFull):
 		out.Status, out.Type, out.RetryAfter = http.StatusTooManyRequests, "overloaded_error", queueFullRetry
 	case errors.Is(err, dataplane.ErrInvalid), errors.As(err, &pe):

@@ -4,12 +4,14 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"runtime"
 	"strconv"
 	"time"
@@ -29,7 +31,8 @@ type Options struct {
 	Listen          string        // HOST:PORT of the HTTP API
 	ShutdownTimeout time.Duration // how long shutdown waits for requests in flight
 	MaxBodyBytes    int           // request bodies above this get 413
-	ReadTimeout     time.Duration // whole request, headers and body
+	HeaderTimeout   time.Duration // a request's headers, from its first byte
+	ReadTimeout     time.Duration // its body, from the end of its headers
 	WriteTimeout    time.Duration // whole response
 	IdleTimeout     time.Duration // keep-alive connections with no request
 	MaxConns        int           // concurrent connections; more are refused
@@ -42,6 +45,7 @@ func DefaultOptions() Options {
 		Listen:          ":8000",
 		ShutdownTimeout: 30 * time.Second,
 		MaxBodyBytes:    64 << 20, // a few high-resolution images as data: URLs
+		HeaderTimeout:   10 * time.Second,
 		ReadTimeout:     60 * time.Second,
 		WriteTimeout:    10 * time.Minute, // streamed completions run long
 		IdleTimeout:     2 * time.Minute,
@@ -60,6 +64,13 @@ type Server struct {
 	promHTTP fasthttp.RequestHandler
 	svc      *dataplane.Service // the API's request path (Attach); nil: /healthz and /metrics only
 	started  time.Time
+
+	// cut ends every request still in flight when the drain runs out of time (streams end with
+	// an SSE error event); requests' contexts derive from it.
+	cut       context.Context
+	cutNow    context.CancelCauseFunc
+	cutErr    *Error
+	adminHTTP *fasthttp.Server
 }
 
 type httpMetrics struct {
@@ -108,26 +119,43 @@ func NewServer(opts Options, log *slog.Logger) *Server {
 		metrics:  m,
 		promHTTP: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
 		started:  time.Now(),
+		cutErr:   &Error{Status: http.StatusServiceUnavailable, Type: "overloaded_error", Message: "the server is shutting down", RetryAfter: time.Second},
 	}
+	s.cut, s.cutNow = context.WithCancelCause(context.Background())
 	s.http = &fasthttp.Server{
-		Handler:            s.handle,
-		Name:               "dataplane",
-		ReadTimeout:        opts.ReadTimeout,
-		WriteTimeout:       opts.WriteTimeout,
-		IdleTimeout:        opts.IdleTimeout,
-		MaxRequestBodySize: opts.MaxBodyBytes,
-		Concurrency:        opts.MaxConns,
+		Handler: s.handle,
+		Name:    "dataplane",
+		// ReadTimeout bounds the headers; HeaderReceived then gives the body its own time.
+		ReadTimeout: opts.HeaderTimeout,
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: opts.ReadTimeout}
+		},
+		// Bodies are read by the endpoints as their bytes arrive, reserved on the memory budget
+		// (readBody), which also enforces MaxBodyBytes. fasthttp reads min(its limit, 8 KiB)
+		// of a body before calling the handler, and would wait for all of it before answering
+		// a declared length over its limit; a limit of 1 byte hands every body over at once.
+		StreamRequestBody:            true,
+		MaxRequestBodySize:           1,
+		DisablePreParseMultipartForm: true,
+		WriteTimeout:                 opts.WriteTimeout,
+		IdleTimeout:                  opts.IdleTimeout,
+		Concurrency:                  opts.MaxConns,
 		Logger:             slogPrintf{log},
 		ErrorHandler:       s.handleMalformed,
 	}
+	s.adminHTTP = &fasthttp.Server{Handler: s.handleAdmin, Name: "dataplane-admin", ReadTimeout: 10 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: opts.IdleTimeout, MaxRequestBodySize: 4 << 10, Concurrency: 256,
+		Logger: slogPrintf{log}}
 	return s
 }
 
 // Registry is where other parts of the daemon register their metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
 
-// Serve answers on ln until ctx is done, then stops accepting and waits up to
-// ShutdownTimeout for requests in flight. It returns nil after a clean drain.
+// Serve answers on ln until ctx is done, then drains within ShutdownTimeout in all: it stops
+// accepting, lets requests in flight finish, and when cutAfter (most of the timeout) has
+// passed ends those still running (a stream with an SSE error event, others with a 503). It
+// returns nil when every request ended within the timeout.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	tracked := trackUnused(ln)
 	errc := make(chan error, 1)
@@ -137,9 +165,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("http server: %w", err)
 	case <-ctx.Done():
 	}
+	deadline := time.Now().Add(s.opts.ShutdownTimeout)
 	s.log.Info("shutting down: draining requests in flight", "timeout", s.opts.ShutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	sctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	cut := time.AfterFunc(cutAfter(s.opts.ShutdownTimeout), func() {
+		s.log.Warn("shutting down: ending the requests still in flight", "left", s.opts.ShutdownTimeout-cutAfter(s.opts.ShutdownTimeout))
+		s.cutNow(errShutdown)
+	})
+	defer cut.Stop()
 	// fasthttp closes the listener, then idle keep-alive connections; connections that never
 	// sent a byte are closed here, as often as new ones may still have slipped in.
 	stopClosing := make(chan struct{})
@@ -169,9 +203,56 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
+// errShutdown is the cause of requests ended by a drain that ran out of time.
+var errShutdown = errors.New("the server is shutting down")
+
+// cutAfter is when a drain of timeout t ends what still runs: late enough for most requests
+// to finish, early enough that the cut streams' last events and the service's own shutdown
+// fit in what is left.
+func cutAfter(t time.Duration) time.Duration {
+	return t - min(t/5, 2*time.Second)
+}
+
+// ServeAdmin answers /healthz, /readyz and /metrics (and /debug/pprof/ when enabled) on ln,
+// a listener of their own that a client holding every API connection cannot starve, until
+// ctx is done.
+func (s *Server) ServeAdmin(ctx context.Context, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.adminHTTP.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admin http server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s.adminHTTP.ShutdownWithContext(sctx) //nolint:errcheck // probes hold nothing worth waiting for
+	return nil
+}
+
+func (s *Server) handleAdmin(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/healthz", "/metrics", "/readyz":
+		s.handle(ctx)
+	default:
+		if s.opts.Pprof && bytes.HasPrefix(ctx.Path(), []byte("/debug/pprof")) {
+			s.handle(ctx)
+			return
+		}
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "the admin listener serves /healthz, /readyz and /metrics")
+	}
+}
+
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	route := "other" // unknown paths share one label value, so the label set stays bounded
+	if ctx.Request.Header.ContentLength() > s.opts.MaxBodyBytes {
+		ctx.SetConnectionClose() // the body is not read
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error",
+			fmt.Sprintf("request body larger than %d bytes (--max-body-bytes)", s.opts.MaxBodyBytes))
+		s.metrics.http.WithLabelValues("malformed", codeLabel(ctx.Response.StatusCode())).Inc()
+		return
+	}
 	switch path := ctx.Path(); string(path) {
 	case "/healthz":
 		route = "/healthz"
@@ -187,8 +268,21 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(string(path)))
 	}
+	if ctx.Request.Header.ContentLength() != 0 && !readsBody(route, ctx) {
+		ctx.SetConnectionClose() // a body nobody read would be taken for the next request
+	}
 	s.metrics.http.WithLabelValues(route, codeLabel(ctx.Response.StatusCode())).Inc()
 	s.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+}
+
+// readsBody says whether the route read the request's body to its end (the generation
+// endpoints do, or close the connection themselves).
+func readsBody(route string, ctx *fasthttp.RequestCtx) bool {
+	switch route {
+	case "/v1/chat/completions", "/v1/completions", "/v1/pretokenized":
+		return ctx.IsPost()
+	}
+	return false
 }
 
 // codeLabels are the status codes' metric labels, made once (strconv.Itoa allocates above 99).
@@ -217,7 +311,7 @@ func (s *Server) handleMalformed(ctx *fasthttp.RequestCtx, err error) {
 	case errors.As(err, &small):
 		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request headers too large")
 	case errors.As(err, &netErr) && netErr.Timeout():
-		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request not read within --read-timeout")
+		writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request not read in time (--header-timeout, --read-timeout)")
 	default:
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "malformed HTTP request: "+err.Error())
 	}

@@ -1,0 +1,89 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+
+	"github.com/valyala/fasthttp"
+
+	"dataplane/dataplane/memory"
+)
+
+// bodyChunk is how much of a body is read at a time; the buffer grows by doubling, each
+// growth reserved before it is allocated.
+const bodyChunk = 64 << 10
+
+// readBody reads the request body as its bytes arrive (the server streams bodies: fasthttp
+// would otherwise allocate the declared Content-Length up front, so 100 connections that
+// declare 64 MiB and send one byte would hold 6.4 GB). Every growth of the buffer is reserved
+// on acct first; a body over MaxBodyBytes is a 413 as soon as it says or shows so.
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *memory.Account) ([]byte, error) {
+	limit := s.opts.MaxBodyBytes
+	tooLarge := func() error {
+		ctx.SetConnectionClose() // the rest of the body is not read
+		return &Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			Message: fmt.Sprintf("request body larger than %d bytes (--max-body-bytes)", limit)}
+	}
+	declared := ctx.Request.Header.ContentLength() // -1 chunked, -2 none
+	if declared > limit {
+		return nil, tooLarge()
+	}
+	// The body and what parsing copies out of it: a body that could never fit is a 413 now.
+	if err := acct.Fits(2*int64(declared), "request body"); err != nil {
+		ctx.SetConnectionClose()
+		return nil, err
+	}
+	r := ctx.RequestBodyStream()
+	if r == nil { // not streamed (a test server): fasthttp has the whole body already
+		b := ctx.PostBody()
+		if len(b) > limit {
+			return nil, tooLarge()
+		}
+		return b, acct.Reserve(rctx, int64(len(b)), "request body")
+	}
+	var buf []byte
+	for {
+		if len(buf) == cap(buf) {
+			if len(buf) > limit {
+				return nil, tooLarge()
+			}
+			grow := max(min(2*cap(buf), limit+1), bodyChunk)
+			if declared >= 0 {
+				grow = min(grow, declared) // never more than said, never before it arrives
+				if grow <= cap(buf) {
+					grow = cap(buf) + bodyChunk // more bytes than declared: fasthttp stops them
+				}
+			}
+			if err := acct.Reserve(rctx, int64(grow-cap(buf)), "request body"); err != nil {
+				ctx.SetConnectionClose()
+				return nil, err
+			}
+			next := make([]byte, len(buf), grow)
+			copy(next, buf)
+			buf = next
+		}
+		n, err := r.Read(buf[len(buf):min(cap(buf), len(buf)+bodyChunk)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			if len(buf) > limit {
+				return nil, tooLarge()
+			}
+			return buf, nil
+		}
+		if err != nil {
+			ctx.SetConnectionClose()
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return nil, &Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error",
+					Message: fmt.Sprintf("request body not read within %v (--read-timeout)", s.opts.ReadTimeout)}
+			}
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+				return nil, tooLarge()
+			}
+			return nil, &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Message: "reading the request body: " + err.Error()}
+		}
+	}
+}
