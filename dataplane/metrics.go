@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"dataplane/dataplane/encoderpool"
+	"dataplane/dataplane/memory"
 	"dataplane/dataplane/sequence"
 )
 
@@ -68,5 +69,51 @@ func (m *serviceMetrics) observeBatch(b encoderpool.BatchStats) {
 	m.queueWait.WithLabelValues(mod).Observe(b.Waited.Seconds())
 	if b.Err != nil {
 		m.batchErrors.WithLabelValues(mod).Inc()
+	}
+}
+
+// memoryCollector exports how --memory-bytes was divided and the request budget's use.
+type memoryCollector struct {
+	plan     memory.Plan
+	budget   *memory.Budget // nil: no accounting (only the plan is exported)
+	parts    *prometheus.Desc
+	requests *prometheus.Desc
+	refusals *prometheus.Desc
+}
+
+func newMemoryCollector(plan memory.Plan, b *memory.Budget) *memoryCollector {
+	return &memoryCollector{plan: plan, budget: b,
+		parts: prometheus.NewDesc("dataplane_memory_budget_bytes",
+			"How --memory-bytes is divided: total, features (the feature store), baseline (resident with the models loaded), reserve (runtime), requests.", []string{"part"}, nil),
+		requests: prometheus.NewDesc("dataplane_memory_request_bytes",
+			"The request budget (bodies, decoded media, encoder inputs): capacity, used now, peak since start.", []string{"use"}, nil),
+		refusals: prometheus.NewDesc("dataplane_memory_refusals_total",
+			"Reservations the request budget refused, by reason (too_large: 413; full, queue_full: 503).", []string{"reason"}, nil),
+	}
+}
+
+func (c *memoryCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.parts
+	ch <- c.requests
+	ch <- c.refusals
+}
+
+func (c *memoryCollector) Collect(ch chan<- prometheus.Metric) {
+	p := c.plan
+	for _, part := range []struct {
+		name string
+		v    int64
+	}{{"total", p.Total}, {"features", p.Features}, {"baseline", p.Baseline}, {"reserve", p.Reserve}, {"requests", p.Requests}} {
+		ch <- prometheus.MustNewConstMetric(c.parts, prometheus.GaugeValue, float64(part.v), part.name)
+	}
+	if c.budget == nil {
+		return
+	}
+	s := c.budget.Stats()
+	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(s.Capacity), "capacity")
+	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(s.Used), "used")
+	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(s.Peak), "peak")
+	for _, r := range []memory.Reason{memory.TooLarge, memory.Full, memory.QueueFull} {
+		ch <- prometheus.MustNewConstMetric(c.refusals, prometheus.CounterValue, float64(s.Refused[r]), r.String())
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +20,9 @@ import (
 	"dataplane/cuda"
 	"dataplane/dataplane"
 	"dataplane/dataplane/api"
+	"dataplane/dataplane/memory"
 	"dataplane/dataplane/worker"
+	"dataplane/features"
 	"dataplane/native"
 	"dataplane/router/kvevents"
 )
@@ -31,8 +35,9 @@ func init() {
 
 // serveFlags holds what serve's flags set beyond the server and service options.
 type serveFlags struct {
-	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay string
-	mockSpeedup                                              float64
+	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay, adminListen string
+	mockSpeedup                                                           float64
+	maxBodyBytes                                                          int64
 }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
@@ -44,11 +49,15 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	// The HTTP server.
 	fs.StringVar(&opts.Listen, "listen", opts.Listen, "HOST:PORT to serve the HTTP API on")
 	fs.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", opts.ShutdownTimeout, "how long shutdown waits for requests in flight")
-	fs.IntVar(&opts.MaxBodyBytes, "max-body-bytes", opts.MaxBodyBytes, "largest request body accepted (larger: 413)")
-	fs.DurationVar(&opts.ReadTimeout, "read-timeout", opts.ReadTimeout, "time allowed to read a whole request")
+	sf.maxBodyBytes = int64(opts.MaxBodyBytes)
+	fs.Var(bytesVar(&sf.maxBodyBytes), "max-body-bytes", "largest request body accepted (larger: 413)")
+	fs.DurationVar(&opts.HeaderTimeout, "header-timeout", opts.HeaderTimeout, "time allowed to read a request's headers")
+	fs.DurationVar(&opts.ReadTimeout, "read-timeout", opts.ReadTimeout, "time allowed to read a request's body, after its headers")
 	fs.DurationVar(&opts.WriteTimeout, "write-timeout", opts.WriteTimeout, "time allowed to write a whole response")
 	fs.DurationVar(&opts.IdleTimeout, "idle-timeout", opts.IdleTimeout, "keep-alive connections idle this long are closed")
 	fs.IntVar(&opts.MaxConns, "max-conns", opts.MaxConns, "most concurrent connections")
+	fs.StringVar(&sf.adminListen, "admin-listen", "", "HOST:PORT of a listener of its own for /healthz, /readyz and /metrics (reachable when --max-conns is exhausted)")
+	fs.Var(bytesVar(&so.MemoryBytes), "memory-bytes", "the process's memory budget (0: 90% of the cgroup limit or of physical memory); GOMEMLIMIT follows it")
 	fs.BoolVar(&opts.Pprof, "pprof", false, "serve /debug/pprof/")
 	fs.StringVar(&sf.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&sf.cudaPlugin, "cuda-plugin", "", "CUDA plugin file (default: beside the binary, then build/cuda/)")
@@ -83,7 +92,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Float64Var(&so.Router.Temperature, "router-temperature", so.Router.Temperature, "0: the cheapest worker; > 0: softmax over costs")
 	fs.Float64Var(&so.Router.OverlapWeight, "overlap-weight", so.Router.OverlapWeight, "weight of uncached prefill blocks against decode load")
 	// Features and encoding.
-	fs.Int64Var(&so.Features.Host.Capacity, "feature-bytes", so.Features.Host.Capacity, "host memory budget for features and merged sequences")
+	so.Features.Host.Capacity = 0
+	fs.Var(bytesVar(&so.Features.Host.Capacity), "feature-bytes", "host memory for features and merged sequences, out of --memory-bytes (0: a quarter of it, at most 1GiB)")
 	fs.StringVar(&so.CachePolicy, "cache-policy", "", "default reuse policy: discard, keep[:TTL], until-done")
 	fs.IntVar(&so.Pool.Workers, "encoder-workers", so.Pool.Workers, "encoder worker loops")
 	fs.IntVar(&so.Pool.MaxBatch, "batch-max", so.Pool.MaxBatch, "inputs per encoder batch")
@@ -96,7 +106,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&so.Fetch.FileDir, "media-dir", "", "allow file:// media below this directory")
 	fs.BoolVar(&so.Fetch.HTTP, "fetch-http", false, "allow http(s):// media URLs")
 	fs.BoolVar(&so.Fetch.AllowPrivateNetworks, "fetch-private", false, "let http(s) fetches reach private and loopback addresses")
-	fs.Int64Var(&so.MaxMediaBytes, "max-media-bytes", so.MaxMediaBytes, "largest media item")
+	fs.Var(bytesVar(&so.MaxMediaBytes), "max-media-bytes", "largest media item (data: URLs, inline data, fetches; larger: 413)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: dataplane serve [flags]\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -125,17 +135,31 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return usageErr("%v", err)
 	}
 	so.Fetch.MaxBytes = so.MaxMediaBytes
+	if sf.maxBodyBytes > math.MaxInt32 {
+		return usageErr("--max-body-bytes: at most %d", math.MaxInt32)
+	}
+	opts.MaxBodyBytes = int(sf.maxBodyBytes)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	so.Log = log
+	if err := planMemory(&so, log); err != nil {
+		return usageErr("%v", err)
+	}
 
 	ln, err := net.Listen("tcp", opts.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	defer ln.Close()
+	var adminLn net.Listener
+	if sf.adminListen != "" {
+		if adminLn, err = net.Listen("tcp", sf.adminListen); err != nil {
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		defer adminLn.Close()
+	}
 	log.Info("dataplane starting", "version", dataplane.Version, "go", runtime.Version(),
-		"listen", ln.Addr().String(), "max_body_bytes", opts.MaxBodyBytes, "max_conns", opts.MaxConns,
-		"read_timeout", opts.ReadTimeout, "write_timeout", opts.WriteTimeout, "idle_timeout", opts.IdleTimeout,
+		"listen", ln.Addr().String(), "admin_listen", addrOf(adminLn), "max_body_bytes", opts.MaxBodyBytes, "max_conns", opts.MaxConns,
+		"header_timeout", opts.HeaderTimeout, "read_timeout", opts.ReadTimeout, "write_timeout", opts.WriteTimeout, "idle_timeout", opts.IdleTimeout,
 		"shutdown_timeout", opts.ShutdownTimeout, "workers", sf.workers, "vision_model", mo.VisionModel,
 		"audio_model", mo.AudioModel, "tokenizer", so.Tokenizer.Dir, "feature_bytes", so.Features.Host.Capacity,
 		"dtype", mo.DType, "block_size", so.Router.BlockSize)
@@ -151,6 +175,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if p := svc.MemoryPlan(); p.Total > 0 {
+		log.Info("memory", "memory_bytes", p.Total, "features", p.Features, "baseline", p.Baseline, "reserve", p.Reserve,
+			"requests", p.Requests, "gomemlimit", debug.SetMemoryLimit(-1))
+	}
 	m := svc.Models()
 	log.Info("models", "name", m.Name, "vision", m.Vision.Name, "vision_preset", m.VisionPreset.Name,
 		"audio", audioName(m), "hidden", m.Hidden, "vocab", svc.Tokenizer().VocabSize())
@@ -163,9 +191,24 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if m.Vision != nil {
 		fmt.Fprintf(stderr, "try it:\n%s\n", tryCurl(ln.Addr(), m.Name))
 	}
+	if adminLn != nil {
+		adminDone := make(chan struct{})
+		go func() { // owned: ends with ctx, waited for below
+			defer close(adminDone)
+			if err := srv.ServeAdmin(ctx, adminLn); err != nil {
+				log.Error("admin listener", "err", err)
+			}
+		}()
+		defer func() { <-adminDone }()
+	}
+	// One deadline for the whole drain: the HTTP server's, then the service's with what is left.
 	err = srv.Serve(ctx, ln)
+	drainEnds, ok := srv.DrainDeadline()
+	if !ok { // the server failed before any drain
+		drainEnds = time.Now().Add(opts.ShutdownTimeout)
+	}
 	subs()
-	cctx, cancel := context.WithTimeout(context.Background(), opts.ShutdownTimeout)
+	cctx, cancel := context.WithDeadline(context.Background(), drainEnds)
 	defer cancel()
 	if cerr := svc.Close(cctx); cerr != nil && err == nil {
 		err = cerr
@@ -174,6 +217,37 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("stopped")
 	}
 	return err
+}
+
+// planMemory resolves --memory-bytes (the cgroup's limit or physical memory, 90% of it, when
+// not given) and --feature-bytes (a quarter of it, at most 1 GiB, when not given), and sets the
+// Go runtime's memory limit to what the feature store leaves (GOMEMLIMIT wins when set).
+func planMemory(so *dataplane.ServiceOptions, log *slog.Logger) error {
+	if so.MemoryBytes == 0 {
+		limit, source, err := memory.Limit()
+		if err != nil {
+			return fmt.Errorf("--memory-bytes not given and %v", err)
+		}
+		so.MemoryBytes = limit / 10 * 9
+		log.Info("memory budget from the machine", "limit", limit, "source", source, "memory_bytes", so.MemoryBytes)
+	}
+	if so.Features.Host.Capacity == 0 {
+		so.Features.Host.Capacity = min(features.DefaultOptions().Host.Capacity, so.MemoryBytes/4/(64<<10)*(64<<10))
+	}
+	if so.Features.Host.Capacity >= so.MemoryBytes {
+		return fmt.Errorf("--feature-bytes %d is not below --memory-bytes %d", so.Features.Host.Capacity, so.MemoryBytes)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(so.MemoryBytes - so.Features.Host.Capacity) // the store's arena is not Go heap
+	}
+	return nil
+}
+
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
 }
 
 func audioName(m *dataplane.Models) string {

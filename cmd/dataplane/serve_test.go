@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -111,5 +112,56 @@ func TestServeWorkerFlagErrors(t *testing.T) {
 		code := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), io.Discard, &stderr)
 		require.NotEqual(t, 0, code, "%v", args)
 		require.Regexp(t, `--(workers|mock-speedup|kv-events)`, stderr.String(), "%v", args)
+	}
+}
+
+// SIGTERM drains within --shutdown-timeout in all: streams still running when it runs out end
+// with an SSE error event, and the drain, having ended everything, exits 0 (it used to take
+// twice the timeout, the HTTP server's and then the service's, and exit 1).
+func TestServeDrainEndsStreamsWithinTheTimeout(t *testing.T) {
+	m, stop := startCommand(t, []string{"serve", "--listen", "127.0.0.1:0", "--shutdown-timeout", "3s", "--workers", "mock:2"},
+		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`), regexp.MustCompile(`msg=models `))
+	base := "http://" + m[0][1]
+	const streams = 20
+	ends := make(chan string, streams)
+	started := make(chan struct{}, streams)
+	for range streams {
+		go func() {
+			body := `{"max_tokens":30000,"stream":true,"messages":[{"role":"user","content":"count to a million"}]}`
+			resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				ends <- "post: " + err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			last, signalled := "", false
+			for sc.Scan() {
+				if line := sc.Text(); line != "" {
+					last = line
+					if !signalled {
+						signalled = true
+						started <- struct{}{}
+					}
+				}
+			}
+			ends <- last
+		}()
+	}
+	for range streams {
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the streams did not start")
+		}
+	}
+	t0 := time.Now()
+	stop() // exits 0, or the test fails
+	took := time.Since(t0)
+	require.Less(t, took, 3*time.Second+time.Second, "the drain took %v for --shutdown-timeout 3s", took)
+	for range streams {
+		last := <-ends
+		require.Contains(t, last, `data: {"error":`, "a cut stream's last event")
+		require.Contains(t, last, "shutting down")
 	}
 }

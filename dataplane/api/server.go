@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,8 @@ type Server struct {
 	cutNow    context.CancelCauseFunc
 	cutErr    *Error
 	adminHTTP *fasthttp.Server
+	drainMu   sync.Mutex
+	drainEnds time.Time // when the drain must be over; zero before one started
 }
 
 type httpMetrics struct {
@@ -140,8 +143,8 @@ func NewServer(opts Options, log *slog.Logger) *Server {
 		WriteTimeout:                 opts.WriteTimeout,
 		IdleTimeout:                  opts.IdleTimeout,
 		Concurrency:                  opts.MaxConns,
-		Logger:             slogPrintf{log},
-		ErrorHandler:       s.handleMalformed,
+		Logger:                       slogPrintf{log},
+		ErrorHandler:                 s.handleMalformed,
 	}
 	s.adminHTTP = &fasthttp.Server{Handler: s.handleAdmin, Name: "dataplane-admin", ReadTimeout: 10 * time.Second,
 		WriteTimeout: time.Minute, IdleTimeout: opts.IdleTimeout, MaxRequestBodySize: 4 << 10, Concurrency: 256,
@@ -166,6 +169,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case <-ctx.Done():
 	}
 	deadline := time.Now().Add(s.opts.ShutdownTimeout)
+	s.drainMu.Lock()
+	s.drainEnds = deadline
+	s.drainMu.Unlock()
 	s.log.Info("shutting down: draining requests in flight", "timeout", s.opts.ShutdownTimeout)
 	sctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
@@ -201,6 +207,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("http server: %w", err)
 	}
 	return nil
+}
+
+// DrainDeadline is when the drain Serve started on shutdown must be over (what is left of
+// it is the rest of the process's shutdown); false before one started.
+func (s *Server) DrainDeadline() (time.Time, bool) {
+	s.drainMu.Lock()
+	defer s.drainMu.Unlock()
+	return s.drainEnds, !s.drainEnds.IsZero()
 }
 
 // errShutdown is the cause of requests ended by a drain that ran out of time.
