@@ -283,4 +283,3 @@ type Output struct {
 	Grid   [3]int
 	Tokens int
 }
-

@@ -3,6 +3,7 @@ package video
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -188,4 +189,33 @@ func FuzzSampling(f *testing.F) {
 		}
 		require.Equal(t, rate("30000/1001"), 30000.0/1001)
 	})
+}
+
+// fewerFrames is an ffmpeg that outputs at most n frames of 96x64 RGB and then stops, as
+// ffmpeg does when it decodes fewer frames than the container has packets.
+func fewerFrames(t testing.TB, n int) string {
+	ffmpegtest.Need(t)
+	path := filepath.Join(t.TempDir(), "ffmpeg")
+	script := fmt.Sprintf("#!/bin/sh\nffmpeg \"$@\" | head -c %d\n", n*3*96*64)
+	require.NoError(t, os.WriteFile(path, []byte(script), 0o755))
+	return path
+}
+
+// ffmpeg outputs 3 of the 5 frames chosen: the video is those 3, and the sink, told 5 at
+// first, is shown them again under their true count (the key's header counts the frames).
+func TestFewerFramesThanChosen(t *testing.T) {
+	path, data := losslessVideo(t)
+	all := allFrames(t, path, 96, 64)
+	var sink frames
+	v, err := Decode(context.Background(), data, Options{Frames: 5, FFmpeg: fewerFrames(t, 3), Sink: &sink}, picture.CLIP224, native.F32)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 9, 19}, v.Indices) // of linspace(0, 39, 5)
+	require.Equal(t, []int{3, 3, 224, 224}, v.Output.PixelValuesVideos.Shape)
+	require.Equal(t, 3*256, v.Output.Tokens)
+	require.Equal(t, 2, sink.begins)
+	require.Equal(t, 3, sink.n)
+	require.Len(t, sink.got, 3)
+	for k, i := range v.Indices {
+		require.Equal(t, all[i], sink.got[k].Pix)
+	}
 }
