@@ -3,6 +3,7 @@ package media
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"math"
 
 	"github.com/zeebo/blake3"
@@ -76,23 +77,56 @@ func AudioKey(samples []float32, rate int) Key {
 // VideoKey keys the chosen frames: blake3(pack("<BBBBIII", 1, 2 (video), 0 (u8), 3, T, H, W)
 // || each frame's RGB bytes). Frames of different sizes key each frame's size before it.
 func VideoKey(frames []*picture.Image) Key {
-	h := blake3.New()
+	k := newVideoKeyer()
+	k.Begin(len(frames))
+	for _, f := range frames {
+		_ = k.Frame(f) // fails only past the count given to Begin
+	}
+	return k.Sum()
+}
+
+// videoKeyer computes VideoKey one frame at a time (a video.Sink): the frames are hashed as
+// they are decoded and need not be held. Begin starts over.
+type videoKeyer struct {
+	hash *blake3.Hasher
+	t, i int // frames announced, frames seen
+	w, h int // the last frame's size
+}
+
+func newVideoKeyer() *videoKeyer { return &videoKeyer{hash: blake3.New()} }
+
+// Begin starts the key of t frames.
+func (k *videoKeyer) Begin(t int) {
+	k.hash.Reset()
+	k.t, k.i = t, 0
+}
+
+// Frame folds in the next frame; img is not kept.
+func (k *videoKeyer) Frame(img *picture.Image) error {
+	if k.i >= k.t {
+		return fmt.Errorf("media: video key: frame %d of %d", k.i, k.t)
+	}
 	var hdr [16]byte
 	hdr[0], hdr[1], hdr[2], hdr[3] = keyVersion, kindVideo, dtypeU8, 3
-	binary.LittleEndian.PutUint32(hdr[4:], uint32(len(frames)))
-	for i, f := range frames {
-		if i == 0 || f.W != frames[i-1].W || f.H != frames[i-1].H {
-			binary.LittleEndian.PutUint32(hdr[8:], uint32(f.H))
-			binary.LittleEndian.PutUint32(hdr[12:], uint32(f.W))
-			if i == 0 {
-				h.Write(hdr[:])
-			} else {
-				h.Write(hdr[8:])
-			}
+	binary.LittleEndian.PutUint32(hdr[4:], uint32(k.t))
+	if k.i == 0 || img.W != k.w || img.H != k.h {
+		binary.LittleEndian.PutUint32(hdr[8:], uint32(img.H))
+		binary.LittleEndian.PutUint32(hdr[12:], uint32(img.W))
+		if k.i == 0 {
+			k.hash.Write(hdr[:])
+		} else {
+			k.hash.Write(hdr[8:])
 		}
-		h.Write(f.Pix[:3*f.W*f.H])
+		k.w, k.h = img.W, img.H
 	}
-	var k Key
-	h.Sum(k[:0])
-	return k
+	k.hash.Write(img.Pix[:3*img.W*img.H])
+	k.i++
+	return nil
+}
+
+// Sum is the key of the frames so far.
+func (k *videoKeyer) Sum() Key {
+	var out Key
+	k.hash.Sum(out[:0])
+	return out
 }

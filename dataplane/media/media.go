@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"dataplane/dataplane/media/admit"
 	"dataplane/dataplane/media/audio"
 	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/media/video"
@@ -93,6 +94,19 @@ type Options struct {
 	// Convention overrides an audio preset's log-mel windowing when set.
 	Convention *audio.Convention
 	Threads    int // log-mel threads (0: native.DefaultThreads())
+
+	// Admit, when set, admits decoded-media memory against the caller's budget before it is
+	// allocated (nil: no accounting). Each decode calls it once, after the header checks and
+	// before its first large allocation, with the bytes it will hold at its peak, computed from
+	// the header: a picture's picture.DecodeBytes; audio's audio.DecodeBytes (exact from a WAV
+	// or FLAC header, a stated bound otherwise); a video's per picture (a list) or its one
+	// ffmpeg frame buffer (3·W·H) and keyframe thumbnails. Release is called once that memory
+	// is no longer referenced: for a picture or audio when the call returns, for a video frame
+	// once it is preprocessed and keyed. The preprocessed output is not admitted here (it is
+	// the feature record's to account for). A refusal stops the decode: the error returned
+	// wraps an *admit.Error (What names the picture or frame, Bytes the amount) whose Unwrap is
+	// Admit's own error, so errors.Is and errors.As find either.
+	Admit admit.Func
 }
 
 func errNotFor(p Preset, what string) error {
@@ -104,6 +118,18 @@ func Image(data []byte, p Preset, opts Options) (*Result, error) {
 	if p.Picture == nil {
 		return nil, errNotFor(p, "images")
 	}
+	info, err := picture.DecodeConfig(data)
+	if err == nil {
+		err = opts.Picture.Check(info)
+	}
+	if err != nil {
+		return nil, err
+	}
+	release, err := opts.Admit.Take(fmt.Sprintf("%s %dx%d", info.Format, info.StoredW, info.StoredH), picture.DecodeBytes(info, opts.Picture))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	img, info, err := picture.Decode(data, opts.Picture)
 	if err != nil {
 		return nil, err
@@ -136,6 +162,11 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 	if opts.Convention != nil {
 		a.Convention = *opts.Convention
 	}
+	release, err := opts.Admit.Take("audio", audio.DecodeBytes(data, opts.Audio))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	clip, err := audio.Load(ctx, data, opts.Audio)
 	if err != nil {
 		return nil, err
@@ -153,7 +184,8 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 }
 
 // Video preprocesses a video container (through ffmpeg), or, when images is non-empty, a list
-// of pictures taken as a video.
+// of pictures taken as a video. The chosen frames are decoded one at a time: each is
+// preprocessed and folded into the content key before the next is decoded.
 func Video(ctx context.Context, data []byte, images [][]byte, p Preset, opts Options) (*Result, error) {
 	if p.Picture == nil {
 		return nil, errNotFor(p, "video")
@@ -162,23 +194,22 @@ func Video(ctx context.Context, data []byte, images [][]byte, p Preset, opts Opt
 	if p.Picture.Family == picture.Qwen2VL && vo.FrameMultiple == 0 {
 		vo.FrameMultiple = p.Picture.TemporalPatch
 	}
+	key := newVideoKeyer()
+	vo.Admit, vo.Sink = opts.Admit, key
 	var (
 		v   *video.Video
 		err error
 	)
 	if len(images) > 0 {
-		v, err = video.FromImages(images, vo, *p.Picture)
+		v, err = video.FromImages(images, vo, *p.Picture, opts.DType)
 	} else {
-		v, err = video.Decode(ctx, data, vo, *p.Picture)
+		v, err = video.Decode(ctx, data, vo, *p.Picture, opts.DType)
 	}
 	if err != nil {
 		return nil, err
 	}
-	out, err := v.Preprocess(*p.Picture, opts.DType)
-	if err != nil {
-		return nil, err
-	}
-	return &Result{Input: out.PixelValuesVideos, Grid: out.Grid, Tokens: out.Tokens, Key: VideoKey(v.Frames),
+	out := v.Output
+	return &Result{Input: out.PixelValuesVideos, Grid: out.Grid, Tokens: out.Tokens, Key: key.Sum(),
 		Detail: fmt.Sprintf("%dx%d, %d frames at %.3g fps; took %d (%v): %v", v.Info.W, v.Info.H, v.Info.Frames, v.Info.FPS,
-			len(v.Frames), vo.Sampling, v.Indices)}, nil
+			len(v.Indices), vo.Sampling, v.Indices)}, nil
 }

@@ -144,3 +144,27 @@ func TestVideoBadInputs(t *testing.T) {
 	_, err = Video(ctx, nil, [][]byte{{0x89, 'P', 'N', 'G'}}, clip224, Options{})
 	require.ErrorIs(t, err, video.ErrFrame)
 }
+
+// When ffmpeg outputs fewer frames than were chosen, the key is over the frames it output,
+// counted as such (as when every frame was held).
+func TestVideoKeyFewerFrames(t *testing.T) {
+	mkv, pngs := clip(t, "testsrc2")
+	bin := filepath.Join(t.TempDir(), "ffmpeg")
+	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\nffmpeg \"$@\" | head -c 55296\n"), 0o755)) // 3 frames of 96x64
+	for _, q := range []string{"clip-224", "qwen2-vl"} {
+		p, _ := Lookup(q)
+		a, err := Video(context.Background(), mkv, nil, p, Options{Video: video.Options{Frames: 6, FFmpeg: bin}})
+		require.NoError(t, err)
+		require.Contains(t, a.Detail, "took 3 (uniform): [0 7 15]", q) // of linspace(0, 39, 6)
+		var frames []*picture.Image
+		for _, i := range []int{0, 7, 15} {
+			img, _, err := picture.Decode(pngs[i], picture.Options{})
+			require.NoError(t, err)
+			frames = append(frames, img)
+		}
+		require.Equal(t, VideoKey(frames), a.Key, q)
+		b, err := Video(context.Background(), nil, [][]byte{pngs[0], pngs[7], pngs[15]}, p, Options{Video: video.Options{Frames: 3, FrameMultiple: 1}})
+		require.NoError(t, err)
+		require.Equal(t, b.Input.Data, a.Input.Data, q)
+	}
+}

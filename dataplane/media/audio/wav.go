@@ -29,13 +29,23 @@ type wavFormat struct {
 // decodeWAV returns interleaved float32 samples, the channel count and the rate. The
 // duration limit is checked from the data chunk's size before any sample is converted.
 func decodeWAV(data []byte, maxSeconds float64) ([]float32, int, int, error) {
-	bad := func(kind error, f string, args ...any) ([]float32, int, int, error) {
-		return nil, 0, 0, errorf(kind, "decode", "wav", f, args...)
+	f, body, frames, err := parseWAV(data, maxSeconds)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	out, err := f.convert(data[body:body+frames*int64(f.blockAlign)], int(frames))
+	return out, f.channels, f.rate, err
+}
+
+// parseWAV walks the chunks to the data chunk: the format, where the samples start and how
+// many whole frames there are (at most maxSeconds' worth).
+func parseWAV(data []byte, maxSeconds float64) (f *wavFormat, body, frames int64, err error) {
+	bad := func(kind error, format string, args ...any) (*wavFormat, int64, int64, error) {
+		return nil, 0, 0, errorf(kind, "decode", "wav", format, args...)
 	}
 	if len(data) < 12 || string(data[:4]) != "RIFF" || string(data[8:12]) != "WAVE" {
 		return bad(ErrCorrupt, "no RIFF/WAVE header")
 	}
-	var f *wavFormat
 	for at := 12; ; {
 		if at+8 > len(data) {
 			return bad(ErrCorrupt, "no data chunk")
@@ -47,7 +57,6 @@ func decodeWAV(data []byte, maxSeconds float64) ([]float32, int, int, error) {
 			if body+size > int64(len(data)) {
 				return bad(ErrCorrupt, "fmt chunk of %d bytes runs past the end", size)
 			}
-			var err error
 			if f, err = parseWAVFormat(data[body : body+size]); err != nil {
 				return nil, 0, 0, err
 			}
@@ -63,8 +72,7 @@ func decodeWAV(data []byte, maxSeconds float64) ([]float32, int, int, error) {
 			if secs := float64(frames) / float64(f.rate); secs > maxSeconds {
 				return bad(ErrTooLong, "%.1f s, limit %.0f s", secs, maxSeconds)
 			}
-			out, err := f.convert(data[body:body+frames*int64(f.blockAlign)], int(frames))
-			return out, f.channels, f.rate, err
+			return f, body, frames, nil
 		}
 		next := body + size + size&1 // chunks are padded to even sizes
 		if next > int64(len(data)) {

@@ -45,12 +45,18 @@ var (
 	ErrTooLarge  = errors.New("media larger than the limit")
 	ErrNotFound  = errors.New("media not found")
 	ErrUpstream  = errors.New("fetching media failed")
+	// ErrNotRegular: a file:// path names something other than a regular file (a directory,
+	// a FIFO, a device, a socket). It wraps ErrNotFound, so callers that map ErrNotFound (the
+	// API: 404) need no change, and a client learns no more than "no media there"; errors.Is
+	// tells the two apart where that matters (logs).
+	ErrNotRegular = fmt.Errorf("%w: not a regular file", ErrNotFound)
 )
 
 // Fetcher fetches media. Safe for concurrent use.
 type Fetcher struct {
 	opts    Options
 	fileDir string // FileDir with symlinks resolved
+	given   string // FileDir as configured, absolute and clean
 	client  *http.Client
 }
 
@@ -69,6 +75,9 @@ func New(opts Options) (*Fetcher, error) {
 			return nil, fmt.Errorf("fetch: file directory: %w", err)
 		}
 		if f.fileDir, err = filepath.Abs(dir); err != nil {
+			return nil, err
+		}
+		if f.given, err = filepath.Abs(opts.FileDir); err != nil {
 			return nil, err
 		}
 	}
@@ -118,8 +127,13 @@ func (f *Fetcher) Fetch(ctx context.Context, rawURL string) ([]byte, error) {
 	return nil, fmt.Errorf("%w: %q (want data:, file:// or http(s)://)", ErrScheme, u.Scheme)
 }
 
-// file reads a file below the allowed directory; the path must stay inside it after symlinks
-// are resolved.
+// file reads a regular file below the allowed directory. A path outside it gets the same
+// answer (ErrForbidden, the same message) whether or not it exists: it is checked lexically
+// first, then again after symlinks are resolved (and a path that does not resolve is forbidden
+// unless what exists of it resolves inside). Only a path inside may be ErrNotFound. The type
+// is checked before the file is opened, and the open itself cannot block or leave the
+// directory (a FIFO or a symlink swapped in between): it is made under an os.Root with
+// O_NONBLOCK, and the open file is checked again.
 func (f *Fetcher) file(u *url.URL) ([]byte, error) {
 	if u.Host != "" && u.Host != "localhost" {
 		return nil, fmt.Errorf("%w: file:// URL with host %q", ErrForbidden, u.Host)
@@ -127,29 +141,102 @@ func (f *Fetcher) file(u *url.URL) ([]byte, error) {
 	if u.Opaque != "" || !filepath.IsAbs(u.Path) {
 		return nil, fmt.Errorf("%w: file URLs must be absolute (file:///path)", ErrForbidden)
 	}
-	real, err := filepath.EvalSymlinks(u.Path)
+	forbidden := fmt.Errorf("%w: %s is outside the media directory", ErrForbidden, u.Path)
+	path := filepath.Clean(u.Path)
+	if !Within(f.fileDir, path) && !Within(f.given, path) {
+		return nil, forbidden
+	}
+	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %s", ErrNotFound, u.Path)
+		if !f.existingInside(path) {
+			return nil, forbidden
 		}
-		return nil, fmt.Errorf("%w: %v", ErrNotFound, err)
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, u.Path)
 	}
 	if !Within(f.fileDir, real) {
-		return nil, fmt.Errorf("%w: %s is outside the media directory", ErrForbidden, u.Path)
+		return nil, forbidden
 	}
-	fd, err := os.Open(real)
+	st, err := os.Lstat(real)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNotFound, err)
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, u.Path)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, u.Path, kind(st.Mode()))
+	}
+	rel, err := filepath.Rel(f.fileDir, real)
+	if err != nil {
+		return nil, forbidden
+	}
+	fd, err := f.open(rel)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, u.Path)
 	}
 	defer fd.Close()
-	st, err := fd.Stat()
-	if err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: %s is not a regular file", ErrNotFound, u.Path)
+	st, err = fd.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrNotFound, u.Path, err)
 	}
 	if st.Size() > f.opts.MaxBytes {
 		return nil, fmt.Errorf("%w: %s has %d bytes, the limit is %d", ErrTooLarge, u.Path, st.Size(), f.opts.MaxBytes)
 	}
 	return readLimited(fd, f.opts.MaxBytes)
+}
+
+// open opens rel (a path below the media directory) for reading without blocking (O_NONBLOCK:
+// a FIFO opens at once instead of waiting for a writer) and without leaving the directory (an
+// os.Root: no symlink is followed out of it, and the last component not at all); anything but a
+// regular file is closed again and refused as ErrNotRegular.
+func (f *Fetcher) open(rel string) (*os.File, error) {
+	root, err := os.OpenRoot(f.fileDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: media directory: %v", ErrNotFound, err)
+	}
+	defer root.Close()
+	fd, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil { // gone, or swapped for a symlink that leads out, since it was checked
+		return nil, fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	st, err := fd.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		fd.Close()
+		what := "file that cannot be inspected"
+		if err == nil {
+			what = kind(st.Mode())
+		}
+		return nil, fmt.Errorf("%w: %s is a %s", ErrNotRegular, rel, what)
+	}
+	return fd, nil
+}
+
+// existingInside reports whether the longest existing ancestor of path (lexically inside the
+// directory) resolves inside it: a missing file there may be called missing; one under a
+// symlink that leads out may not (that would tell a client what exists outside).
+func (f *Fetcher) existingInside(path string) bool {
+	for p := filepath.Dir(path); ; p = filepath.Dir(p) {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			return Within(f.fileDir, real)
+		}
+		if p == filepath.Dir(p) {
+			return false
+		}
+	}
+}
+
+// kind names a file type for messages.
+func kind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&os.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0:
+		return "device"
+	case m&os.ModeSymlink != 0:
+		return "symlink"
+	}
+	return "special file"
 }
 
 // Within reports whether path is dir or below it (both absolute and clean).

@@ -8,7 +8,10 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -126,4 +129,68 @@ func TestFile(t *testing.T) {
 	require.True(t, Within("/a/b", "/a/b/c"))
 	require.False(t, Within("/a/b", "/a/bc"))
 	require.False(t, Within("/a/b", "/a"))
+}
+
+// A FIFO in the media directory is refused at once, not opened and waited on for a writer
+// (it used to block forever); so is one swapped in after the type check (open alone).
+func TestFileFIFO(t *testing.T) {
+	media := t.TempDir()
+	fifo := filepath.Join(media, "pipe.png")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	f, err := New(Options{FileDir: media})
+	require.NoError(t, err)
+	within := func(name string, fn func() error) error {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- fn() }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(time.Second):
+			t.Fatalf("%s: still blocked after 1 s", name)
+			return nil
+		}
+	}
+	err = within("fetch", func() error { _, err := f.Fetch(context.Background(), "file://"+fifo); return err })
+	require.ErrorIs(t, err, ErrNotRegular)
+	require.ErrorIs(t, err, ErrNotFound, "the API answers 404")
+	require.ErrorContains(t, err, "pipe.png is a FIFO")
+	err = within("open", func() error { fd, err := f.open("pipe.png"); _ = fd; return err })
+	require.ErrorIs(t, err, ErrNotRegular)
+	require.ErrorContains(t, err, "is a FIFO")
+}
+
+// A path outside the directory gets one answer whether it exists or not, lexically outside or
+// through a symlink that leads out; only a path inside may be "not found".
+func TestFileOutsideSameAnswer(t *testing.T) {
+	root := t.TempDir()
+	media := filepath.Join(root, "media")
+	require.NoError(t, os.MkdirAll(filepath.Join(media, "sub"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "secret"), []byte("S"), 0o644))
+	require.NoError(t, os.Symlink(root, filepath.Join(media, "out")))
+	f, err := New(Options{FileDir: media})
+	require.NoError(t, err)
+	answer := func(path string) error {
+		_, err := f.Fetch(context.Background(), "file://"+path)
+		return err
+	}
+	for _, pair := range [][2]string{
+		{filepath.Join(root, "secret"), filepath.Join(root, "no-such-file")},
+		{"/etc/passwd", "/etc/no-such-file"},
+		{filepath.Join(media, "..", "secret"), filepath.Join(media, "..", "no-such-file")},
+		{filepath.Join(media, "out", "secret"), filepath.Join(media, "out", "no-such-file")},
+		{filepath.Join(media, "out", "media", "..", "secret"), filepath.Join(media, "out", "no-dir", "no-such-file")},
+	} {
+		exists, missing := answer(pair[0]), answer(pair[1])
+		require.ErrorIs(t, exists, ErrForbidden, pair[0])
+		require.ErrorIs(t, missing, ErrForbidden, pair[1])
+		require.NotErrorIs(t, missing, ErrNotFound, pair[1])
+		require.Equal(t, strings.Replace(exists.Error(), pair[0], "PATH", 1), strings.Replace(missing.Error(), pair[1], "PATH", 1))
+		require.Equal(t, fmt.Sprintf("address not allowed: %s is outside the media directory", pair[0]), exists.Error())
+	}
+	// Inside: missing is "not found", also through a symlink that stays inside.
+	require.NoError(t, os.Symlink(filepath.Join(media, "sub"), filepath.Join(media, "in")))
+	for _, p := range []string{filepath.Join(media, "no-such-file"), filepath.Join(media, "in", "no-such-file"), filepath.Join(media, "no-dir", "x")} {
+		require.ErrorIs(t, answer(p), ErrNotFound, p)
+	}
 }

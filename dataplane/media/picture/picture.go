@@ -31,13 +31,24 @@ const (
 )
 
 // Info is what the header says, before decoding: the stored size, the EXIF orientation (1..8,
-// 1 when absent) and the size the picture has once oriented (W and H swap for 5..8).
+// 1 when absent), the size the picture has once oriented (W and H swap for 5..8), and the
+// layout facts that decide how much memory decoding takes (DecodeBytes).
 type Info struct {
 	Format      Format
 	StoredW     int
 	StoredH     int
 	Orientation int
 	W, H        int
+
+	// PNG only, from the IHDR: colour type (0 grey, 2 RGB, 3 palette, 4 grey + alpha, 6 RGBA),
+	// bit depth, Adam7 interlacing, and Transparent when a tRNS chunk comes before the pixels
+	// (image/png then decodes grey and RGB into an image with alpha).
+	ColorType, BitDepth     int
+	Interlaced, Transparent bool
+	// JPEG only: a progressive frame (libjpeg keeps every DCT coefficient until the last scan)
+	// and the TurboJPEG subsampling code (TJSAMP_*).
+	Progressive bool
+	Subsampling int
 }
 
 // Options bound and shape decoding. The zero value means the defaults below.
@@ -112,6 +123,8 @@ func DecodeConfig(data []byte) (Info, error) {
 		}
 		info.StoredW, info.StoredH = h.Width, h.Height
 		info.Orientation = jpegOrientation(data)
+		info.Subsampling = h.Subsampling
+		info.Progressive = jpegProgressive(data)
 	case PNG:
 		c, err := png.DecodeConfig(bytes.NewReader(data))
 		if err != nil {
@@ -119,6 +132,7 @@ func DecodeConfig(data []byte) (Info, error) {
 		}
 		info.StoredW, info.StoredH = c.Width, c.Height
 		info.Orientation = pngOrientation(data)
+		pngLayout(data, &info)
 	}
 	if err := checkSize(f, info.StoredW, info.StoredH); err != nil {
 		return Info{}, err
@@ -156,6 +170,15 @@ func headerSize(data []byte, f Format) (w, h int, ok bool) {
 	return w, h, ok
 }
 
+// Check applies the limits to a header: the pixel limit (ErrTooLarge). Decode checks before
+// it allocates; a caller that admits memory first (DecodeBytes) checks before asking.
+func (o Options) Check(info Info) error {
+	if px := info.StoredW * info.StoredH; px > o.maxPixels() {
+		return errorf(ErrTooLarge, "decode", string(info.Format), "%dx%d = %d pixels, limit %d", info.StoredW, info.StoredH, px, o.maxPixels())
+	}
+	return nil
+}
+
 // Decode decodes a JPEG or PNG to RGB, upright unless opts.IgnoreOrientation. The pixel limit is
 // checked from the header first. The returned Image is the caller's.
 func Decode(data []byte, opts Options) (*Image, Info, error) {
@@ -175,8 +198,8 @@ func DecodeInto(img *Image, data []byte, opts Options) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	if px := info.StoredW * info.StoredH; px > opts.maxPixels() {
-		return info, errorf(ErrTooLarge, "decode", string(info.Format), "%dx%d = %d pixels, limit %d", info.StoredW, info.StoredH, px, opts.maxPixels())
+	if err := opts.Check(info); err != nil {
+		return info, err
 	}
 	n := 3 * info.StoredW * info.StoredH
 	pix := img.Pix[:0]

@@ -1,6 +1,7 @@
 package video
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -121,8 +122,12 @@ func rate(s string) float64 {
 }
 
 // extract has ffmpeg decode the video and output only frames idx (ascending) as raw RGB of w x h
-// (scaled to that size when scale is set), read one frame at a time from the pipe.
-func extract(ctx context.Context, data []byte, opts *Options, idx []int, w, h int, scale bool) ([]*picture.Image, error) {
+// (scaled to that size when scale is set), and calls each with them in order, one at a time, all
+// read into one buffer (admitted, as what, before ffmpeg starts; released when extract returns).
+// It returns how many frames ffmpeg output: fewer than len(idx) when it decoded fewer frames
+// than there were packets; none is ErrCorrupt. An error from each is returned as it is.
+func extract(ctx context.Context, data []byte, opts *Options, idx []int, w, h int, scale bool, what string,
+	each func(k int, img *picture.Image) error) (int, error) {
 	bin := opts.FFmpeg
 	if bin == "" {
 		bin = "ffmpeg"
@@ -135,40 +140,58 @@ func extract(ctx context.Context, data []byte, opts *Options, idx []int, w, h in
 	if scale {
 		filter += fmt.Sprintf(",scale=%d:%d:flags=bilinear", w, h)
 	}
-	var frames []*picture.Image
-	err := ffmpeg.Run(ctx, bin, opts.timeout(), data, func(path string) []string {
+	release, err := opts.Admit.Take(fmt.Sprintf("%s: %d frames of %dx%d rgb24, one at a time", what, len(idx), w, h), 3*int64(w)*int64(h))
+	if err != nil {
+		return 0, &Error{Op: "decode", Msg: what, Err: err}
+	}
+	defer release()
+	var (
+		count   int
+		eachErr error
+	)
+	err = ffmpeg.Run(ctx, bin, opts.timeout(), data, func(path string) []string {
 		return []string{"-nostdin", "-hide_banner", "-loglevel", "error", "-i", path, "-map", "0:v:0", "-vf", filter,
 			"-fps_mode", "passthrough", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"}
 	}, func(out io.Reader) error {
 		var err error
-		frames, err = readFrames(out, len(idx), w, h)
+		count, err = readFrames(out, len(idx), w, h, func(k int, img *picture.Image) error {
+			eachErr = each(k, img)
+			return eachErr
+		})
 		return err
 	})
-	if err != nil {
-		return nil, ffmpegError("decode", err)
+	switch {
+	case eachErr != nil:
+		return count, eachErr
+	case err != nil:
+		return count, ffmpegError("decode", err)
+	case count == 0:
+		return 0, errorf(ErrCorrupt, "decode", "ffmpeg decoded none of the %d frames chosen", len(idx))
 	}
-	if len(frames) == 0 {
-		return nil, errorf(ErrCorrupt, "decode", "ffmpeg decoded none of the %d frames chosen", len(idx))
-	}
-	return frames, nil
+	return count, nil
 }
 
-// readFrames reads up to n raw RGB frames of w x h from r, one at a time and nothing past
-// them. Fewer whole frames than n (ffmpeg decoded fewer frames than there were packets) are
-// kept; a partial frame is an error.
-func readFrames(r io.Reader, n, w, h int) ([]*picture.Image, error) {
-	var frames []*picture.Image
-	for range n {
-		img := &picture.Image{W: w, H: h, Pix: make([]byte, 3*w*h)}
+// readFrames reads up to n raw RGB frames of w x h from r into one buffer, one at a time and
+// nothing past them, calling each after every frame; it returns how many it read. Fewer whole
+// frames than n (ffmpeg decoded fewer frames than there were packets) are not an error; a
+// partial frame is.
+func readFrames(r io.Reader, n, w, h int, each func(k int, img *picture.Image) error) (int, error) {
+	img := &picture.Image{W: w, H: h}
+	for k := range n {
+		if img.Pix == nil {
+			img.Pix = make([]byte, 3*w*h)
+		}
 		if _, err := io.ReadFull(r, img.Pix); err != nil {
 			if errors.Is(err, io.EOF) {
-				break
+				return k, nil
 			}
-			return nil, fmt.Errorf("frame %d of %d: %w", len(frames), n, err)
+			return k, fmt.Errorf("frame %d of %d: %w", k, n, err)
 		}
-		frames = append(frames, img)
+		if err := each(k, img); err != nil {
+			return k, err
+		}
 	}
-	return frames, nil
+	return n, nil
 }
 
 func ffmpegError(op string, err error) error {
@@ -178,9 +201,10 @@ func ffmpegError(op string, err error) error {
 	return errorf(ErrCorrupt, op, "%v", err)
 }
 
-// Decode chooses frames from a video container (anything ffmpeg reads) and decodes only those.
-// The preset prices frames for the token budget.
-func Decode(ctx context.Context, data []byte, opts Options, preset picture.Preset) (*Video, error) {
+// Decode chooses frames from a video container (anything ffmpeg reads), decodes only those, and
+// preprocesses each with preset into dtype as it comes out of ffmpeg: one full-size frame is
+// held at a time. The preset also prices frames for the token budget.
+func Decode(ctx context.Context, data []byte, opts Options, preset picture.Preset, dtype native.DType) (*Video, error) {
 	if len(data) == 0 {
 		return nil, errorf(ErrEmpty, "decode", "empty input")
 	}
@@ -209,25 +233,47 @@ func Decode(ctx context.Context, data []byte, opts Options, preset picture.Prese
 	if opts.Sampling == Keyframe {
 		cands := linspace(info.Frames, max(n, min(info.Frames, int(info.Duration*orDefault(opts.CandidateFPS, DefaultCandidateFPS)))), floor)
 		cands = dedupe(cands)
-		thumbs, err := extract(ctx, data, &opts, cands, thumbSide, thumbSide, true)
+		release, err := opts.Admit.Take(fmt.Sprintf("%d keyframe thumbnails", len(cands)), int64(len(cands))*thumbBytes)
+		if err != nil {
+			return nil, &Error{Op: "keyframe", Msg: "thumbnails", Err: err}
+		}
+		defer release()
+		thumbs := make([][]byte, 0, len(cands))
+		_, err = extract(ctx, data, &opts, cands, thumbSide, thumbSide, true, "keyframe candidates", func(_ int, img *picture.Image) error {
+			thumbs = append(thumbs, bytes.Clone(img.Pix))
+			return nil
+		})
 		if err != nil {
 			return nil, err
 		}
-		th := make([][]byte, len(thumbs))
-		for i, t := range thumbs {
-			th[i] = t.Pix
-		}
-		for _, k := range keyframes(th, n) {
+		for _, k := range keyframes(thumbs, n) {
 			idx = append(idx, cands[k])
 		}
+		release()
 	} else {
 		idx = dedupe(opts.indices(info.Frames, n))
 	}
-	frames, err := extract(ctx, data, &opts, idx, info.W, info.H, false)
+	pl := newPipeline(preset, dtype, len(idx), opts.Sink)
+	k, err := extract(ctx, data, &opts, idx, info.W, info.H, false, "frames", func(_ int, img *picture.Image) error { return pl.add(img) })
 	if err != nil {
 		return nil, err
 	}
-	v := &Video{Info: info, Frames: frames, Indices: idx[:len(frames)]}
+	if k < len(idx) && opts.Sink != nil {
+		// ffmpeg decoded fewer frames than were chosen. The sink (the content key) counts the
+		// frames before the first one, so it is shown those it got again, under their count:
+		// a second decode, rather than holding every frame.
+		opts.Sink.Begin(k)
+		again, err := extract(ctx, data, &opts, idx[:k], info.W, info.H, false, "frames", func(_ int, img *picture.Image) error {
+			return opts.Sink.Frame(img)
+		})
+		if err != nil {
+			return nil, err
+		}
+		if again != k {
+			return nil, errorf(ErrCorrupt, "decode", "ffmpeg decoded %d of the %d frames chosen, then %d of those", k, len(idx), again)
+		}
+	}
+	v := &Video{Info: info, Indices: idx[:k], Sizes: pl.sizes, Output: pl.output()}
 	for _, i := range v.Indices {
 		v.Times = append(v.Times, float64(i)/info.FPS)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"image"
 	"image/png"
 	"io"
@@ -91,20 +92,36 @@ func FuzzParseProbe(f *testing.F) {
 	})
 }
 
+// readAll is readFrames keeping a copy of every frame.
+func readAll(r io.Reader, n, w, h int) ([]*picture.Image, error) {
+	var frames []*picture.Image
+	k, err := readFrames(r, n, w, h, func(k int, img *picture.Image) error {
+		if k != len(frames) {
+			return fmt.Errorf("frame %d after %d", k, len(frames))
+		}
+		frames = append(frames, &picture.Image{W: img.W, H: img.H, Pix: bytes.Clone(img.Pix)})
+		return nil
+	})
+	if err == nil && k != len(frames) {
+		err = fmt.Errorf("%d frames read, %d seen", k, len(frames))
+	}
+	return frames, err
+}
+
 func TestReadFrames(t *testing.T) {
 	data := make([]byte, 3*2*2*3+5) // three 2x2 frames and part of a fourth
 	for i := range data {
 		data[i] = byte(i)
 	}
-	frames, err := readFrames(bytes.NewReader(data[:36]), 5, 2, 2)
+	frames, err := readAll(bytes.NewReader(data[:36]), 5, 2, 2)
 	require.NoError(t, err) // fewer frames than asked: keep what came
 	require.Len(t, frames, 3)
 	require.Equal(t, data[12:24], frames[1].Pix)
-	_, err = readFrames(bytes.NewReader(data), 5, 2, 2)
+	_, err = readAll(bytes.NewReader(data), 5, 2, 2)
 	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 	require.ErrorContains(t, err, "frame 3 of 5")
 	r := bytes.NewReader(data)
-	frames, err = readFrames(r, 2, 2, 2)
+	frames, err = readAll(r, 2, 2, 2)
 	require.NoError(t, err)
 	require.Len(t, frames, 2)
 	require.Equal(t, len(data)-24, r.Len()) // nothing read past the frames asked for
@@ -123,7 +140,7 @@ func FuzzReadFrames(f *testing.F) {
 		if oneByte {
 			r = iotest.OneByteReader(r)
 		}
-		frames, err := readFrames(r, fn, fw, fh)
+		frames, err := readAll(r, fn, fw, fh)
 		whole := min(fn, len(data)/size)
 		if whole < fn && len(data)%size != 0 {
 			require.ErrorIs(t, err, io.ErrUnexpectedEOF)
@@ -168,25 +185,23 @@ func FuzzFromImages(f *testing.F) {
 			preset = picture.Qwen2VLImage
 		}
 		opts := Options{Sampling: Sampling(s % 4), Frames: 2, MaxFrames: 3, MaxPixels: 1 << 14}
-		v, err := FromImages([][]byte{a, b, a}, opts, preset)
+		var sink frames
+		opts.Sink = &sink
+		v, err := FromImages([][]byte{a, b, a}, opts, preset, native.F16)
 		if err != nil {
 			var ve *Error
-			require.ErrorAs(t, err, &ve)
+			var pe *picture.Error
+			require.True(t, errors.As(err, &ve) || errors.As(err, &pe), "%v", err)
 			return
 		}
-		require.NotEmpty(t, v.Frames)
-		require.Equal(t, len(v.Frames), len(v.Indices))
-		for _, fr := range v.Frames {
+		require.NotEmpty(t, sink.got)
+		require.Equal(t, len(sink.got), len(v.Indices))
+		require.Equal(t, len(sink.got), sink.n)
+		for _, fr := range sink.got {
 			require.Len(t, fr.Pix, 3*fr.W*fr.H)
 			require.LessOrEqual(t, fr.W*fr.H, 1<<14)
 		}
-		out, err := v.Preprocess(preset, native.F16)
-		if err != nil {
-			var pe *picture.Error
-			require.ErrorAs(t, err, &pe)
-			return
-		}
-		require.Positive(t, out.Tokens)
+		require.Positive(t, v.Output.Tokens)
 	})
 }
 
@@ -211,7 +226,9 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		opts := Options{Sampling: Sampling(s % 4), Frames: 3, MaxFrames: 4, MaxPixels: 1 << 14, MaxSeconds: 60, Timeout: 5 * time.Second}
-		v, err := Decode(context.Background(), data, opts, picture.CLIP224)
+		var sink frames
+		opts.Sink = &sink
+		v, err := Decode(context.Background(), data, opts, picture.CLIP224, native.F32)
 		if err != nil {
 			var ve *Error
 			require.ErrorAs(t, err, &ve)
@@ -220,9 +237,11 @@ func FuzzDecode(f *testing.F) {
 			require.False(t, strings.Contains(err.Error(), "timed out"), "%v", err)
 			return
 		}
-		require.NotEmpty(t, v.Frames)
-		require.LessOrEqual(t, len(v.Frames), 4)
-		for k, fr := range v.Frames {
+		require.NotEmpty(t, sink.got)
+		require.Equal(t, len(sink.got), sink.n)
+		require.LessOrEqual(t, len(sink.got), 4)
+		require.Equal(t, []int{len(sink.got), 3, 224, 224}, v.Output.PixelValuesVideos.Shape)
+		for k, fr := range sink.got {
 			require.Equal(t, [2]int{v.Info.W, v.Info.H}, [2]int{fr.W, fr.H})
 			require.Len(t, fr.Pix, 3*fr.W*fr.H)
 			require.True(t, v.Indices[k] >= 0 && v.Indices[k] < v.Info.Frames)

@@ -9,6 +9,7 @@ import (
 	"math"
 	"time"
 
+	"dataplane/dataplane/media/admit"
 	"dataplane/dataplane/media/picture"
 	"dataplane/native"
 )
@@ -36,6 +37,26 @@ type Options struct {
 	// DefaultTimeout).
 	FFmpeg, FFprobe string
 	Timeout         time.Duration
+
+	// Admit, when set, is asked before each decode allocates (see admit.Func): a picture's
+	// picture.DecodeBytes (plus what the reused buffer holds beyond it), the keyframe
+	// thumbnails, and the raw-frame buffer ffmpeg's output is read into (3·W·H, one for all the
+	// frames of a run). Each is released once that buffer is no longer referenced; a refusal is
+	// returned as an *Error whose chain holds the *admit.Error (not one of the Err* kinds).
+	Admit admit.Func
+	// Sink, when set, sees every chosen frame at full size (media folds them into the content
+	// key).
+	Sink Sink
+}
+
+// Sink receives the chosen frames, upright RGB at full size, in order, as they are decoded.
+// A frame is only valid during the call: its buffer is reused or dropped afterwards.
+type Sink interface {
+	// Begin says n frames follow. It is called again, with fewer, when ffmpeg outputs fewer
+	// frames than were chosen (it decoded fewer frames than the container has packets): the
+	// frames it did output are then sent again under the true count.
+	Begin(n int)
+	Frame(img *picture.Image) error
 }
 
 // Defaults of Options.
@@ -47,7 +68,8 @@ const (
 	DefaultImageFPS     = 1.0
 	DefaultMaxSeconds   = 3600
 	DefaultTimeout      = 120 * time.Second
-	// HardMaxFrames bounds MaxFrames itself: every chosen frame is held in memory at once.
+	// HardMaxFrames bounds MaxFrames itself: every chosen frame's preprocessed tensor is held
+	// until the video is done (the full-size frames only one at a time).
 	HardMaxFrames = 1024
 )
 
@@ -92,12 +114,16 @@ type Info struct {
 	Duration float64
 }
 
-// Video is the chosen frames, upright RGB, with their indices and times in the source.
+// Video is a decoded and preprocessed video: the chosen frames' indices and times in the
+// source, each one's upright size, and the preset's output. The frames themselves are not kept:
+// each was decoded, preprocessed, shown to Options.Sink and dropped before the next one was
+// decoded.
 type Video struct {
 	Info    Info
-	Frames  []*picture.Image
 	Indices []int
 	Times   []float64
+	Sizes   [][2]int // W, H of each chosen frame, upright
+	Output  *Output
 }
 
 // choose applies the strategy, the limits and the budget to a source of total frames; perFrame
@@ -142,8 +168,10 @@ func floor(x float64) float64 { return math.Floor(x) }
 func roundHalfEven(x float64) float64 { return math.RoundToEven(x) }
 
 // FromImages takes a list of pictures as a video at opts.ImageFPS frames a second: frames are
-// chosen by index with the same strategies, and only the chosen ones are decoded.
-func FromImages(images [][]byte, opts Options, preset picture.Preset) (*Video, error) {
+// chosen by index with the same strategies, and only the chosen ones are decoded, one at a time
+// into one reused buffer, each preprocessed with preset into dtype before the next (keyframe
+// sampling decodes every picture once more, the same way, for its thumbnail).
+func FromImages(images [][]byte, opts Options, preset picture.Preset, dtype native.DType) (*Video, error) {
 	if len(images) == 0 {
 		return nil, errorf(ErrEmpty, "images", "no pictures")
 	}
@@ -166,35 +194,50 @@ func FromImages(images [][]byte, opts Options, preset picture.Preset) (*Video, e
 	if err != nil {
 		return nil, err
 	}
+	pics := pictures{opts: picture.Options{MaxPixels: opts.maxPixels()}, admit: opts.Admit}
 	var idx []int
 	if opts.Sampling == Keyframe {
+		release, err := opts.Admit.Take(fmt.Sprintf("%d keyframe thumbnails", len(images)), int64(len(images))*thumbBytes)
+		if err != nil {
+			return nil, &Error{Op: "keyframe", Msg: "thumbnails", Err: err}
+		}
+		defer release()
 		thumbs := make([][]byte, len(images))
 		for i, b := range images {
-			img, _, err := picture.Decode(b, picture.Options{MaxPixels: opts.maxPixels()})
+			done, err := pics.decode(i, b)
 			if err != nil {
-				return nil, errorf(ErrFrame, "images", "picture %d: %v", i, err)
+				return nil, err
 			}
-			if thumbs[i], err = thumbnail(img); err != nil {
+			thumbs[i], err = thumbnail(&pics.img)
+			done()
+			if err != nil {
 				return nil, err
 			}
 		}
 		idx = keyframes(thumbs, n)
+		release()
 	} else {
 		idx = opts.indices(len(images), n)
 	}
 	v := &Video{Info: Info{FPS: fps, Frames: len(images), Duration: float64(len(images)) / fps}}
+	pl := newPipeline(preset, dtype, len(idx), opts.Sink)
 	for _, i := range idx {
-		img, info, err := picture.Decode(images[i], picture.Options{MaxPixels: opts.maxPixels()})
+		done, err := pics.decode(i, images[i])
 		if err != nil {
-			return nil, errorf(ErrFrame, "images", "picture %d: %v", i, err)
+			return nil, err
 		}
-		if len(v.Frames) == 0 {
-			v.Info.W, v.Info.H = info.W, info.H
+		if len(v.Indices) == 0 {
+			v.Info.W, v.Info.H = pics.img.W, pics.img.H
 		}
-		v.Frames = append(v.Frames, img)
+		err = pl.add(&pics.img)
+		done()
+		if err != nil {
+			return nil, err
+		}
 		v.Indices = append(v.Indices, i)
 		v.Times = append(v.Times, float64(i)/fps)
 	}
+	v.Sizes, v.Output = pl.sizes, pl.output()
 	return v, nil
 }
 
@@ -209,7 +252,10 @@ func thumbnail(img *picture.Image) ([]byte, error) {
 	return out, nil
 }
 
-const thumbSide = 32
+const (
+	thumbSide  = 32
+	thumbBytes = 3 * thumbSide * thumbSide
+)
 
 // PerFrameTokens is what one frame costs under a preset (for Qwen2-VL, one temporal patch of
 // TemporalPatch frames), at the video's displayed size.
@@ -236,52 +282,4 @@ type Output struct {
 	// video_grid_thw; zero for the other families.
 	Grid   [3]int
 	Tokens int
-}
-
-// Preprocess turns the frames into the preset's video pixel values, elements of dtype:
-// [T, 3, S, S] for CLIP, SigLIP and InternVL (one 448 tile a frame); for Qwen2-VL every frame
-// resized to the first frame's smart_resize size, then [gt*gh*gw, 3*T*P*P] and the grid
-// (gt, gh, gw). Tokens = ceil(T / pool) * per frame.
-func (v *Video) Preprocess(p picture.Preset, dtype native.DType) (*Output, error) {
-	if len(v.Frames) == 0 {
-		return nil, errorf(ErrEmpty, "preprocess", "no frames")
-	}
-	first := v.Frames[0]
-	perFrame, err := PerFrameTokens(p, first.W, first.H)
-	if err != nil {
-		return nil, err
-	}
-	out := &Output{Tokens: TokenCount(len(v.Frames), perFrame, Pool(p))}
-	if p.Family == picture.Qwen2VL {
-		rh, rw, err := p.SmartResize(first.H, first.W)
-		if err != nil {
-			return nil, err
-		}
-		one := 3 * rw * rh * dtype.Size()
-		chw := make([]byte, len(v.Frames)*one)
-		for i, f := range v.Frames {
-			if _, err := p.Resized(f, rw, rh, dtype, chw[i*one:(i+1)*one]); err != nil {
-				return nil, fmt.Errorf("frame %d: %w", i, err)
-			}
-		}
-		patches, grid := p.PatchLayout(chw, len(v.Frames), rh, rw, dtype.Size())
-		out.PixelValuesVideos = native.Tensor{DType: dtype, Shape: []int{grid[0] * grid[1] * grid[2], 3 * p.TemporalPatch * p.Patch * p.Patch}, Data: patches}
-		out.Grid = grid
-		return out, nil
-	}
-	frame := p
-	if p.Family == picture.InternVL {
-		frame.MinTiles, frame.MaxTiles = 1, 1
-	}
-	var data []byte
-	for i, f := range v.Frames {
-		o, err := frame.Apply(f, dtype)
-		if err != nil {
-			return nil, fmt.Errorf("frame %d: %w", i, err)
-		}
-		data = append(data, o.PixelValues.Data...)
-	}
-	s := frame.Size
-	out.PixelValuesVideos = native.Tensor{DType: dtype, Shape: []int{len(v.Frames), 3, s, s}, Data: data}
-	return out, nil
 }

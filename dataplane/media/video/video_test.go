@@ -3,6 +3,7 @@ package video
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,6 +25,20 @@ func losslessVideo(t testing.TB) (string, []byte) {
 	return path, data
 }
 
+// frames is a Sink keeping a copy of every frame it is shown.
+type frames struct {
+	n      int // the count Begin was given last
+	begins int
+	got    []*picture.Image
+}
+
+func (f *frames) Begin(n int) { f.n, f.got = n, nil; f.begins++ }
+
+func (f *frames) Frame(img *picture.Image) error {
+	f.got = append(f.got, &picture.Image{W: img.W, H: img.H, Pix: bytes.Clone(img.Pix)})
+	return nil
+}
+
 // allFrames is ffmpeg's own decode of every frame, as RGB.
 func allFrames(t testing.TB, path string, w, h int) [][]byte {
 	raw := ffmpegtest.Run(t, "-i", path, "-f", "rawvideo", "-pix_fmt", "rgb24", "-")
@@ -41,12 +56,17 @@ func TestUniformAndFPSSampling(t *testing.T) {
 	require.Len(t, all, 40)
 	f := func(opts Options, want []int) {
 		t.Helper()
-		v, err := Decode(context.Background(), data, opts, picture.CLIP224)
+		var sink frames
+		opts.Sink = &sink
+		v, err := Decode(context.Background(), data, opts, picture.CLIP224, native.F32)
 		require.NoError(t, err)
 		require.Equal(t, Info{W: 96, H: 64, FPS: 10, Frames: 40, Duration: 4}, v.Info)
 		require.Equal(t, want, v.Indices, "%+v", opts)
+		require.Equal(t, len(want), sink.n)
+		require.Len(t, sink.got, len(want))
 		for k, i := range v.Indices {
-			require.Equal(t, all[i], v.Frames[k].Pix, "frame %d", i)
+			require.Equal(t, all[i], sink.got[k].Pix, "frame %d", i)
+			require.Equal(t, [2]int{96, 64}, v.Sizes[k])
 			require.InDelta(t, float64(i)/10, v.Times[k], 1e-9)
 		}
 	}
@@ -67,7 +87,7 @@ func TestKeyframeSampling(t *testing.T) {
 		"-filter_complex", "[0][1][2][3]concat=n=4:v=1", "-c:v", "ffv1", path)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
-	v, err := Decode(context.Background(), data, Options{Sampling: Keyframe, Frames: 4, CandidateFPS: 10}, picture.SigLIP384)
+	v, err := Decode(context.Background(), data, Options{Sampling: Keyframe, Frames: 4, CandidateFPS: 10}, picture.SigLIP384, native.F32)
 	require.NoError(t, err)
 	require.Equal(t, []int{0, 10, 20, 30}, v.Indices)
 }
@@ -77,36 +97,38 @@ func TestImagesAsVideo(t *testing.T) {
 	all := allFrames(t, path, 96, 64)
 	pngs := ffmpegtest.PNGFrames(t, path)
 	require.Len(t, pngs, 40)
-	v, err := FromImages(pngs, Options{Sampling: FPS, FPS: 0.5, ImageFPS: 10, MaxFrames: 10}, picture.CLIP224)
+	var sink frames
+	v, err := FromImages(pngs, Options{Sampling: FPS, FPS: 0.5, ImageFPS: 10, MaxFrames: 10, Sink: &sink}, picture.CLIP224, native.F32)
 	require.NoError(t, err)
 	require.Equal(t, []int{0, 39}, v.Indices)
-	require.Equal(t, all[39], v.Frames[1].Pix)
-	v, err = FromImages(pngs, Options{Sampling: Keyframe, Frames: 3}, picture.CLIP224)
+	require.Equal(t, all[39], sink.got[1].Pix)
+	v, err = FromImages(pngs, Options{Sampling: Keyframe, Frames: 3}, picture.CLIP224, native.F32)
 	require.NoError(t, err)
 	require.Len(t, v.Indices, 3)
 	require.Equal(t, 0, v.Indices[0])
-	_, err = FromImages([][]byte{pngs[0], []byte("not a picture")}, Options{Frames: 2}, picture.CLIP224)
+	_, err = FromImages([][]byte{pngs[0], []byte("not a picture")}, Options{Frames: 2}, picture.CLIP224, native.F32)
 	require.ErrorIs(t, err, ErrFrame)
 	require.Contains(t, err.Error(), "picture 1")
 }
 
 func TestPreprocessAndTokens(t *testing.T) {
 	_, data := losslessVideo(t)
-	v, err := Decode(context.Background(), data, Options{Frames: 5}, picture.CLIP224)
+	var sink frames
+	v, err := Decode(context.Background(), data, Options{Frames: 5, Sink: &sink}, picture.CLIP224, native.BF16)
 	require.NoError(t, err)
-	out, err := v.Preprocess(picture.CLIP224, native.BF16)
-	require.NoError(t, err)
+	out := v.Output
 	require.Equal(t, 5*256, out.Tokens)
 	require.Equal(t, []int{5, 3, 224, 224}, out.PixelValuesVideos.Shape)
 	// Each frame's slice is the frame preprocessed alone.
-	one, err := picture.CLIP224.Apply(v.Frames[3], native.BF16)
+	one, err := picture.CLIP224.Apply(sink.got[3], native.BF16)
 	require.NoError(t, err)
 	n := len(one.PixelValues.Data)
 	require.Equal(t, one.PixelValues.Data, out.PixelValuesVideos.Data[3*n:4*n])
 
 	q := picture.Qwen2VLImage
-	out, err = v.Preprocess(q, native.F32)
+	v, err = Decode(context.Background(), data, Options{Frames: 5}, q, native.F32)
 	require.NoError(t, err)
+	out = v.Output
 	// 96x64 -> smart_resize 84x56 -> grid 6x4 patches of 14; 5 frames -> 3 temporal patches.
 	require.Equal(t, [3]int{3, 4, 6}, out.Grid) // video_grid_thw
 	require.Equal(t, []int{3 * 4 * 6, 1176}, out.PixelValuesVideos.Shape)
@@ -128,7 +150,7 @@ func TestBadInputs(t *testing.T) {
 	_, data := losslessVideo(t)
 	f := func(name string, data []byte, opts Options, kind error, words string) {
 		t.Helper()
-		_, err := Decode(context.Background(), data, opts, picture.CLIP224)
+		_, err := Decode(context.Background(), data, opts, picture.CLIP224, native.F32)
 		require.Error(t, err, name)
 		require.ErrorIs(t, err, kind, "%s: %v", name, err)
 		require.Contains(t, err.Error(), words, name)
@@ -141,7 +163,7 @@ func TestBadInputs(t *testing.T) {
 	f("no ffprobe", data, Options{FFprobe: "/nonexistent/ffprobe"}, ErrFFmpeg, "not found")
 	f("over budget", data, Options{Budget: Budget{Tokens: 10}}, ErrBudget, "10 tokens")
 	f("negative frames", data, Options{Frames: -1}, ErrSampling, "negative option")
-	_, err := FromImages(nil, Options{}, picture.CLIP224)
+	_, err := FromImages(nil, Options{}, picture.CLIP224, native.F32)
 	require.ErrorIs(t, err, ErrEmpty)
 }
 
@@ -167,4 +189,33 @@ func FuzzSampling(f *testing.F) {
 		}
 		require.Equal(t, rate("30000/1001"), 30000.0/1001)
 	})
+}
+
+// fewerFrames is an ffmpeg that outputs at most n frames of 96x64 RGB and then stops, as
+// ffmpeg does when it decodes fewer frames than the container has packets.
+func fewerFrames(t testing.TB, n int) string {
+	ffmpegtest.Need(t)
+	path := filepath.Join(t.TempDir(), "ffmpeg")
+	script := fmt.Sprintf("#!/bin/sh\nffmpeg \"$@\" | head -c %d\n", n*3*96*64)
+	require.NoError(t, os.WriteFile(path, []byte(script), 0o755))
+	return path
+}
+
+// ffmpeg outputs 3 of the 5 frames chosen: the video is those 3, and the sink, told 5 at
+// first, is shown them again under their true count (the key's header counts the frames).
+func TestFewerFramesThanChosen(t *testing.T) {
+	path, data := losslessVideo(t)
+	all := allFrames(t, path, 96, 64)
+	var sink frames
+	v, err := Decode(context.Background(), data, Options{Frames: 5, FFmpeg: fewerFrames(t, 3), Sink: &sink}, picture.CLIP224, native.F32)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 9, 19}, v.Indices) // of linspace(0, 39, 5)
+	require.Equal(t, []int{3, 3, 224, 224}, v.Output.PixelValuesVideos.Shape)
+	require.Equal(t, 3*256, v.Output.Tokens)
+	require.Equal(t, 2, sink.begins)
+	require.Equal(t, 3, sink.n)
+	require.Len(t, sink.got, 3)
+	for k, i := range v.Indices {
+		require.Equal(t, all[i], sink.got[k].Pix)
+	}
 }
