@@ -2,11 +2,15 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	"dataplane/dataplane/encoder"
 	"dataplane/dataplane/media"
+	"dataplane/dataplane/media/admit"
+	"dataplane/dataplane/media/fetch"
+	"dataplane/dataplane/memory"
 	"dataplane/dataplane/openai"
 	"dataplane/dataplane/sequence"
 	"dataplane/features"
@@ -31,36 +35,112 @@ type item struct {
 }
 
 // itemError is a failure to prepare an item: the item's bytes or content are unusable (its
-// chain keeps the fetch error, if any, which says more).
+// chain keeps the fetch error, the memory refusal or the context error, if any, which says
+// more, and those decide the status).
 func itemError(m *openai.Media, err error) *Error {
+	var me *memory.Error
+	if errors.As(err, &me) || errors.Is(err, context.Canceled) {
+		return &Error{Param: m.Path, Err: err}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &Error{Param: m.Path, Kind: ErrTimeout, Err: err}
+	}
 	return &Error{Param: m.Path, Kind: ErrInvalid, Err: err}
 }
 
-// bytesOf returns an item's bytes: inline data, a data: URL, or a fetch.
-func (s *Service) bytesOf(ctx context.Context, m *openai.Media) ([]byte, error) {
-	if m.Data != nil {
-		return m.Data, nil
-	}
-	if strings.HasPrefix(m.URL, "data:") {
-		d, err := media.ParseDataURL(m.URL, int(s.opts.MaxMediaBytes))
-		if err != nil {
-			return nil, err
-		}
-		return d.Data, nil
-	}
-	return s.fetcher.Fetch(ctx, m.URL)
+// source is an item's bytes, read before it takes a CPU slot: inline data, a data: URL
+// decoded, a fetch, or a video's pictures. release gives back their admission.
+type source struct {
+	data    []byte
+	frames  [][]byte
+	release func()
 }
 
-// prepare turns one media part into an item: its bytes, the preset's preprocessing, the
+// admitter reserves on acct, within ctx, for the media package's and the fetcher's hooks.
+func admitter(ctx context.Context, acct *memory.Account) admit.Func {
+	if acct == nil {
+		return nil
+	}
+	return func(n int64) (func(), error) {
+		if err := acct.Reserve(ctx, n, ""); err != nil {
+			return nil, err
+		}
+		return func() { acct.Release(n) }, nil
+	}
+}
+
+// read gets an item's bytes (none for an item known only by its uuid). Fetches run in their
+// own bounded pool (s.fetchSem): a slow media server holds a fetch slot, never a CPU slot.
+func (s *Service) read(ctx context.Context, m *openai.Media, acct *memory.Account) (*source, error) {
+	src := &source{release: func() {}}
+	take := admitter(ctx, acct)
+	one := func(url string) ([]byte, func(), error) {
+		if strings.HasPrefix(url, "data:") {
+			// The decoded copy: a data: URL's bytes are 3/4 of its base64.
+			rel, err := take.Take("data: URL", int64(len(url))/4*3)
+			if err != nil {
+				return nil, nil, err
+			}
+			d, err := media.ParseDataURL(url, int(s.opts.MaxMediaBytes))
+			if err != nil {
+				rel()
+				return nil, nil, err
+			}
+			return d.Data, rel, nil
+		}
+		select {
+		case s.fetchSem <- struct{}{}:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		defer func() { <-s.fetchSem }()
+		return s.fetcher.FetchAdmitted(ctx, url, take)
+	}
+	var rels []func()
+	src.release = func() {
+		for _, r := range rels {
+			r()
+		}
+		rels = nil
+	}
+	switch {
+	case m.Frames != nil:
+		for i, u := range m.Frames {
+			b, rel, err := one(u)
+			if err != nil {
+				src.release()
+				return nil, itemError(m, fmt.Errorf("picture %d: %w", i, err))
+			}
+			rels = append(rels, rel)
+			src.frames = append(src.frames, b)
+		}
+	case m.Data != nil:
+		if int64(len(m.Data)) > s.opts.MaxMediaBytes {
+			return nil, itemError(m, fmt.Errorf("%w: %d bytes, the limit is %d (--max-media-bytes)", fetch.ErrTooLarge, len(m.Data), s.opts.MaxMediaBytes))
+		}
+		src.data = m.Data
+	case m.URL != "":
+		b, rel, err := one(m.URL)
+		if err != nil {
+			return nil, itemError(m, err)
+		}
+		rels = append(rels, rel)
+		src.data = b
+	}
+	return src, nil
+}
+
+// prepare turns one media part into an item: the preset's preprocessing of its bytes, the
 // encoder inputs, the exact token count and the cache key. An item given only by a uuid is
-// resolved through the uuid table (it must still be cached).
-func (s *Service) prepare(ctx context.Context, m *openai.Media, salt string) (*item, error) {
-	return s.prepareWith(ctx, m, salt, s.opts.Media, s.opts.MediaKey)
+// resolved through the uuid table (it must still be cached). Decoding admits its memory on
+// acct; the encoder inputs it keeps stay admitted until the request ends.
+func (s *Service) prepare(ctx context.Context, m *openai.Media, src *source, salt string, acct *memory.Account) (*item, error) {
+	return s.prepareWith(ctx, m, src, salt, s.opts.Media, s.opts.MediaKey, acct)
 }
 
 // prepareWith is prepare with other preprocessing options (mediaKey names them in the cache
 // key): the retry at reduced size uses it.
-func (s *Service) prepareWith(ctx context.Context, m *openai.Media, salt string, mo media.Options, mediaKey string) (*item, error) {
+func (s *Service) prepareWith(ctx context.Context, m *openai.Media, src *source, salt string, mo media.Options, mediaKey string, acct *memory.Account) (*item, error) {
 	mod := m.Modality
 	model, preset, err := s.models.ForModality(mod)
 	if err != nil {
@@ -75,29 +155,22 @@ func (s *Service) prepareWith(ctx context.Context, m *openai.Media, salt string,
 		it.key, it.tokens, it.rows, it.id = known.key, known.tokens, nil, m.UUID
 		return it, nil
 	}
-	var data []byte
-	var frames [][]byte
-	if m.Frames != nil {
-		for i, u := range m.Frames {
-			b, err := s.bytesOf(ctx, &openai.Media{URL: u})
-			if err != nil {
-				return nil, itemError(m, fmt.Errorf("picture %d: %w", i, err))
-			}
-			frames = append(frames, b)
-		}
-	} else if data, err = s.bytesOf(ctx, m); err != nil {
-		return nil, itemError(m, err)
-	}
+	mo.Admit = admitter(ctx, acct)
 	var res *media.Result
 	switch mod {
 	case sequence.Image:
-		res, err = media.Image(data, preset, mo)
+		res, err = media.Image(src.data, preset, mo)
 	case sequence.Audio:
-		res, err = media.Audio(ctx, data, preset, mo)
+		res, err = media.Audio(ctx, src.data, preset, mo)
 	case sequence.Video:
-		res, err = media.Video(ctx, data, frames, preset, mo)
+		res, err = media.Video(ctx, src.data, src.frames, preset, mo)
 	}
 	if err != nil {
+		return nil, itemError(m, err)
+	}
+	// The encoder inputs live until the request ends (the encoders read them): admitted now,
+	// once made, since only the preprocessing knows their size (small beside the decode's).
+	if err := acct.Reserve(ctx, int64(len(res.Input.Data)), "encoder inputs"); err != nil {
 		return nil, itemError(m, err)
 	}
 	if err := it.split(res); err != nil {

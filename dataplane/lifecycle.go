@@ -101,7 +101,10 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	if err != nil {
 		return nil, fail(ErrInvalid, "cache_policy", "%v", err)
 	}
-	if err := r.prepareAll(ctx); err != nil {
+	// --item-timeout covers the media's fetch, decode and encode: one deadline for every wait.
+	ictx, cancel := context.WithDeadline(ctx, r.start.Add(s.opts.ItemTimeout))
+	defer cancel()
+	if err := r.prepareAll(ictx); err != nil {
 		return nil, err
 	}
 	if err := r.place(); err != nil {
@@ -114,7 +117,7 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 		if r.fr, err = s.store.Begin(r.id, policy); err != nil {
 			return nil, storeError(err, "")
 		}
-		if err := r.admit(ctx); err != nil {
+		if err := r.admit(ictx); err != nil {
 			return nil, err
 		}
 	}
@@ -124,7 +127,7 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	}
 	var embeds native.Matrix
 	if len(r.items) > 0 {
-		if err := r.await(ctx); err != nil {
+		if err := r.await(ictx); err != nil {
 			return nil, err
 		}
 		if embeds, err = r.merge(ctx); err != nil {
@@ -134,8 +137,10 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	return r.generate(ctx, decision, embeds)
 }
 
-// prepareAll preprocesses every media item, several at once (bounded by the CPUs). With
-// text_fallback, items that cannot be prepared are dropped from the prompt instead.
+// prepareAll reads and preprocesses every media item, several at once: fetches in their own
+// bounded pool, decoding and preprocessing bounded by the CPUs, every wait ending at the
+// items' deadline (ctx). With text_fallback, items that cannot be prepared are dropped from
+// the prompt instead.
 func (r *request) prepareAll(ctx context.Context) error {
 	s := r.s
 	items := make([]*item, len(r.p.Media))
@@ -143,16 +148,22 @@ func (r *request) prepareAll(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, m := range r.p.Media {
 		wg.Add(1)
-		go func() { // bounded: at most MaxMediaItems per request, GOMAXPROCS at work
+		go func() { // bounded: at most MaxMediaItems per request
 			defer wg.Done()
+			src, err := s.read(ctx, m, r.p.Memory)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer src.release() // the bytes are garbage once preprocessed
 			select {
 			case s.prepSem <- struct{}{}:
 			case <-ctx.Done():
-				errs[i] = ctx.Err()
+				errs[i] = itemError(m, fmt.Errorf("waiting for a CPU to preprocess it: %w", ctx.Err()))
 				return
 			}
 			defer func() { <-s.prepSem }()
-			items[i], errs[i] = s.prepare(ctx, m, r.p.Ext.CacheSalt)
+			items[i], errs[i] = s.prepare(ctx, m, src, r.p.Ext.CacheSalt, r.p.Memory)
 		}()
 	}
 	wg.Wait()
@@ -161,7 +172,7 @@ func (r *request) prepareAll(ctx context.Context) error {
 		if err == nil {
 			continue
 		}
-		if !r.p.Ext.TextFallback || errors.Is(err, context.Canceled) {
+		if !r.p.Ext.TextFallback || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
 		s.log.Info("dropping a media item (text_fallback)", "request", r.id, "item", r.p.Media[i].Path, "err", err)
@@ -406,18 +417,18 @@ func (r *request) route() (router.Decision, error) {
 	return d, nil
 }
 
-// await waits for every item's features; with text_fallback, failed items leave the prompt.
+// await waits for every item's features until the items' deadline (ctx); with text_fallback,
+// failed items leave the prompt.
 func (r *request) await(ctx context.Context) error {
-	timeout := time.NewTimer(r.s.opts.ItemTimeout)
-	defer timeout.Stop()
 	var failed []int
 	for i, it := range r.items {
 		select {
 		case <-it.rec.Ready():
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fail(ErrTimeout, it.src.Path, "media not encoded within %v (--item-timeout)", r.s.opts.ItemTimeout)
+			}
 			return ctx.Err()
-		case <-timeout.C:
-			return fail(ErrTimeout, it.src.Path, "media not encoded within %v", r.s.opts.ItemTimeout)
 		}
 		if err := it.rec.Err(); err != nil {
 			if retried, rerr := r.retrySmaller(ctx, i, err); retried {
@@ -453,7 +464,12 @@ func (r *request) retrySmaller(ctx context.Context, i int, cause error) (bool, e
 	mo := r.s.opts.Media
 	mo.Video.MaxFrames = len(it.inputs) / 2
 	r.s.log.Warn("encoding a video again with half its frames", "request", r.id, "item", it.src.Path, "frames", mo.Video.MaxFrames, "cause", cause)
-	small, err := r.s.prepareWith(ctx, it.src, r.p.Ext.CacheSalt, mo, fmt.Sprintf("%s/max-frames=%d", r.s.opts.MediaKey, mo.Video.MaxFrames))
+	src, err := r.s.read(ctx, it.src, r.p.Memory)
+	if err != nil {
+		return true, err
+	}
+	small, err := r.s.prepareWith(ctx, it.src, src, r.p.Ext.CacheSalt, mo, fmt.Sprintf("%s/max-frames=%d", r.s.opts.MediaKey, mo.Video.MaxFrames), r.p.Memory)
+	src.release()
 	if err != nil {
 		return true, err
 	}

@@ -39,8 +39,10 @@ type ServiceOptions struct {
 	MediaKey string
 	// MaxMediaBytes bounds one media item's encoded bytes (data: URLs, inline data, fetches).
 	MaxMediaBytes int64
-	// ItemTimeout bounds the wait for one request's media to be encoded.
+	// ItemTimeout bounds one request's media from arrival to encoded: fetch, decode, encode.
 	ItemTimeout time.Duration
+	// MaxFetches bounds the media fetches (file://, http(s)://) running at once.
+	MaxFetches int
 	// MaxPromptTokens bounds the merged prompt (the model's context).
 	MaxPromptTokens int
 	// DefaultMaxTokens is max_tokens when a request gives none.
@@ -81,6 +83,7 @@ func DefaultServiceOptions() ServiceOptions {
 		MediaKey:               "default",
 		MaxMediaBytes:          32 << 20,
 		ItemTimeout:            60 * time.Second,
+		MaxFetches:             64,
 		MaxPromptTokens:        32768,
 		DefaultMaxTokens:       256,
 		MaxUUIDs:               1 << 16,
@@ -107,13 +110,14 @@ type Service struct {
 	memPlan memory.Plan
 	memory  *memory.Budget // nil: no accounting
 
-	mu      sync.Mutex
-	workers map[string]worker.Worker
-	revive  map[string]*time.Timer // per suspended worker: marks it healthy again (s.mu)
-	closed  bool
-	active  sync.WaitGroup // requests in flight, for the drain
-	nextID  atomic.Uint64
-	prepSem chan struct{} // bounds concurrent media preprocessing to the CPU count
+	mu       sync.Mutex
+	workers  map[string]worker.Worker
+	revive   map[string]*time.Timer // per suspended worker: marks it healthy again (s.mu)
+	closed   bool
+	active   sync.WaitGroup // requests in flight, for the drain
+	nextID   atomic.Uint64
+	prepSem  chan struct{} // bounds concurrent media preprocessing to the CPU count
+	fetchSem chan struct{} // bounds concurrent media fetches (MaxFetches), apart from prepSem
 }
 
 // NewService loads the models and the tokenizer and builds the pieces. Workers are added
@@ -124,7 +128,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	}
 	s := &Service{opts: opts, log: opts.Log, workers: map[string]worker.Worker{}, revive: map[string]*time.Timer{},
 		uuids:  newUUIDTable(max(opts.MaxUUIDs, 1)),
-		routes: router.NewDecisionLog(router.RecentDecisions), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0))}
+		routes: router.NewDecisionLog(router.RecentDecisions), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0)),
+		fetchSem: make(chan struct{}, max(opts.MaxFetches, 1))}
 	var err error
 	if s.tok, err = LoadTokenizer(opts.Tokenizer); err != nil {
 		return nil, err

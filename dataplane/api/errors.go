@@ -93,6 +93,8 @@ func ErrorOf(err error) *Error {
 	switch {
 	case errors.Is(err, context.Canceled):
 		out.Status, out.Type = statusCancelled, "cancelled"
+	case errors.Is(err, dataplane.ErrTimeout): // before the fetch errors: a fetch the deadline cut
+		out.Status, out.Type = http.StatusGatewayTimeout, "timeout_error"
 	case errors.Is(err, fetch.ErrForbidden):
 		out.Status, out.Type = http.StatusForbidden, "invalid_request_error"
 	case errors.Is(err, fetch.ErrTooLarge):
@@ -114,8 +116,6 @@ func ErrorOf(err error) *Error {
 		out.Status, out.Type = http.StatusBadRequest, "invalid_request_error"
 	case errors.Is(err, dataplane.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		out.Status, out.Type = http.StatusServiceUnavailable, "overloaded_error"
-	case errors.Is(err, dataplane.ErrTimeout):
-		out.Status, out.Type = http.StatusGatewayTimeout, "timeout_error"
 	case errors.Is(err, dataplane.ErrUpstream):
 		out.Status, out.Type = http.StatusBadGateway, "upstream_error"
 	}

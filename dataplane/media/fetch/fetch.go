@@ -7,6 +7,7 @@ package fetch
 
 import (
 	"context"
+	"dataplane/dataplane/media/admit"
 	"errors"
 	"fmt"
 	"io"
@@ -106,6 +107,25 @@ func New(opts Options) (*Fetcher, error) {
 
 // Fetch returns the bytes rawURL points at.
 func (f *Fetcher) Fetch(ctx context.Context, rawURL string) ([]byte, error) {
+	b, _, err := f.FetchAdmitted(ctx, rawURL, nil)
+	return b, err
+}
+
+// FetchAdmitted is Fetch with every byte admitted by take before it is allocated: the size a
+// file or a response says up front, else each growth of the buffer. release gives them back
+// (the caller calls it when it no longer holds the bytes; a no-op on error).
+func (f *Fetcher) FetchAdmitted(ctx context.Context, rawURL string, take admit.Func) (b []byte, release func(), err error) {
+	rd := &reader{take: take, what: rawURL}
+	defer func() {
+		if err != nil {
+			rd.release()
+		}
+	}()
+	b, err = f.fetch(ctx, rawURL, rd)
+	return b, rd.release, err
+}
+
+func (f *Fetcher) fetch(ctx context.Context, rawURL string, rd *reader) ([]byte, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrScheme, err)
@@ -115,12 +135,12 @@ func (f *Fetcher) Fetch(ctx context.Context, rawURL string) ([]byte, error) {
 		if f.fileDir == "" {
 			return nil, fmt.Errorf("%w: file:// URLs are disabled (see --media-dir)", ErrScheme)
 		}
-		return f.file(u)
+		return f.file(u, rd)
 	case "http", "https":
 		if !f.opts.HTTP {
 			return nil, fmt.Errorf("%w: http(s):// URLs are disabled (see --fetch-http)", ErrScheme)
 		}
-		return f.http(ctx, u)
+		return f.http(ctx, u, rd)
 	case "data":
 		return nil, fmt.Errorf("%w: data: URLs are decoded by the media package", ErrScheme)
 	}
@@ -134,7 +154,7 @@ func (f *Fetcher) Fetch(ctx context.Context, rawURL string) ([]byte, error) {
 // is checked before the file is opened, and the open itself cannot block or leave the
 // directory (a FIFO or a symlink swapped in between): it is made under an os.Root with
 // O_NONBLOCK, and the open file is checked again.
-func (f *Fetcher) file(u *url.URL) ([]byte, error) {
+func (f *Fetcher) file(u *url.URL, rd *reader) ([]byte, error) {
 	if u.Host != "" && u.Host != "localhost" {
 		return nil, fmt.Errorf("%w: file:// URL with host %q", ErrForbidden, u.Host)
 	}
@@ -179,7 +199,7 @@ func (f *Fetcher) file(u *url.URL) ([]byte, error) {
 	if st.Size() > f.opts.MaxBytes {
 		return nil, fmt.Errorf("%w: %s has %d bytes, the limit is %d", ErrTooLarge, u.Path, st.Size(), f.opts.MaxBytes)
 	}
-	return readLimited(fd, f.opts.MaxBytes)
+	return rd.read(fd, f.opts.MaxBytes, st.Size())
 }
 
 // open opens rel (a path below the media directory) for reading without blocking (O_NONBLOCK:
@@ -245,7 +265,7 @@ func Within(dir, path string) bool {
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
 }
 
-func (f *Fetcher) http(ctx context.Context, u *url.URL) ([]byte, error) {
+func (f *Fetcher) http(ctx context.Context, u *url.URL, rd *reader) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
@@ -255,7 +275,7 @@ func (f *Fetcher) http(ctx context.Context, u *url.URL) ([]byte, error) {
 		if errors.Is(err, ErrForbidden) || errors.Is(err, ErrScheme) {
 			return nil, unwrapURLError(err)
 		}
-		return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
+		return nil, fmt.Errorf("%w: %w", ErrUpstream, err) // a context error stays in the chain
 	}
 	defer resp.Body.Close()
 	switch {
@@ -266,7 +286,7 @@ func (f *Fetcher) http(ctx context.Context, u *url.URL) ([]byte, error) {
 	case resp.ContentLength > f.opts.MaxBytes:
 		return nil, fmt.Errorf("%w: %s has %d bytes, the limit is %d", ErrTooLarge, u.Redacted(), resp.ContentLength, f.opts.MaxBytes)
 	}
-	return readLimited(resp.Body, f.opts.MaxBytes)
+	return rd.read(resp.Body, f.opts.MaxBytes, resp.ContentLength)
 }
 
 func unwrapURLError(err error) error {
@@ -277,15 +297,62 @@ func unwrapURLError(err error) error {
 	return err
 }
 
-func readLimited(r io.Reader, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+// reader reads a body of at most a limit, admitting its buffer before allocating it.
+type reader struct {
+	take     admit.Func
+	what     string
+	releases []func()
+}
+
+func (rd *reader) release() {
+	for _, r := range rd.releases {
+		r()
+	}
+	rd.releases = nil
+}
+
+func (rd *reader) grow(b []byte, n int) ([]byte, error) {
+	rel, err := rd.take.Take(rd.what, int64(n-cap(b)))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUpstream, err)
+		return nil, err
 	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, limit)
+	rd.releases = append(rd.releases, rel)
+	next := make([]byte, len(b), n)
+	copy(next, b)
+	return next, nil
+}
+
+// read reads r to its end; size, when >= 0, is what r says it holds (one allocation then).
+func (rd *reader) read(r io.Reader, limit, size int64) ([]byte, error) {
+	first := int64(64 << 10)
+	if size >= 0 {
+		first = size + 1 // one more, to see the end without growing
 	}
-	return b, nil
+	b, err := rd.grow(nil, int(min(first, limit+1)))
+	if err != nil {
+		return nil, err
+	}
+	for {
+		if len(b) == cap(b) {
+			if int64(len(b)) > limit {
+				return nil, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, limit)
+			}
+			if b, err = rd.grow(b, int(min(2*int64(cap(b)), limit+1))); err != nil {
+				return nil, err
+			}
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			if int64(len(b)) > limit {
+				return nil, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, limit)
+			}
+			return b, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUpstream, err)
+		}
+	}
 }
 
 // checkDial runs for every connection the HTTP client makes, on the resolved address.
