@@ -40,28 +40,6 @@ func Public(err error) string {
 	return err.Error()
 }
 
-// Prober is a worker that can say whether it is healthy, out of band (the daemon's prober asks
-// every worker that implements it every health interval; a worker that does not is always
-// healthy). Health returns nil when the worker takes requests; ctx bounds the probe.
-type Prober interface {
-	Health(ctx context.Context) error
-}
-
-// Labeled is a worker with a public label, the name client-facing messages give it (an HTTP
-// worker's name is its address, which clients must not see). Label gives it.
-type Labeled interface {
-	Label() string
-}
-
-// Label is the name of w that client-facing messages use: its Label when it has one, else its
-// Name.
-func Label(w Worker) string {
-	if l, ok := w.(Labeled); ok && l.Label() != "" {
-		return l.Label()
-	}
-	return w.Name()
-}
-
 // transportClass names a failure to reach a worker without its addresses.
 func transportClass(err error) string {
 	var dns *net.DNSError

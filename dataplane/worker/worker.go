@@ -5,8 +5,8 @@
 //
 // Beside Worker, two optional interfaces: Prober (Health, the daemon's out-of-band probe; a
 // worker that is not one is always healthy) and Labeled (Label, the name clients read). Files:
-// worker.go (the interface, Request, Event, ErrUnavailable), http.go (HTTP: vLLM's streamed
-// /v1/completions and GET /health), errors.go (Error, Public, Prober, Labeled, Label).
+// worker.go (the interfaces, Request, Event, ErrUnavailable, Label), http.go (HTTP: vLLM's
+// streamed /v1/completions and GET /health), errors.go (Error and its classes, Public).
 //
 // HTTP bounds everything: a request's first byte (headers and the first SSE data event) by
 // HTTPOptions.FirstByteTimeout (30s), the whole generation by Timeout (10m), the connection by
@@ -73,6 +73,28 @@ type Worker interface {
 	Generate(ctx context.Context, req *Request) (<-chan Event, error)
 	// Close releases the worker's connections.
 	Close() error
+}
+
+// Prober is a worker that can say whether it is healthy, out of band (the daemon's prober asks
+// every worker that implements it every health interval; a worker that does not is always
+// healthy). Health returns nil when the worker takes requests; ctx bounds the probe.
+type Prober interface {
+	Health(ctx context.Context) error
+}
+
+// Labeled is a worker with a public label, the name client-facing messages give it (an HTTP
+// worker's name is its address, which clients must not see). Label gives it.
+type Labeled interface {
+	Label() string
+}
+
+// Label is the name of w that client-facing messages use: its Label when it has one, else its
+// Name.
+func Label(w Worker) string {
+	if l, ok := w.(Labeled); ok && l.Label() != "" {
+		return l.Label()
+	}
+	return w.Name()
 }
 
 // ErrUnavailable: the worker could not take the request (down, overloaded).
