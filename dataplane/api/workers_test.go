@@ -33,6 +33,7 @@ import (
 type fakeEngine struct {
 	addr        string
 	failWith    atomic.Int32
+	embeds      atomic.Int64 // bytes of the last request's prompt_embeds (base64)
 	truncate    atomic.Bool // stream one word, then end without [DONE] (the engine died)
 	completions atomic.Int64
 	mu          sync.Mutex
@@ -84,12 +85,14 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	e.completions.Add(1)
 	var body struct {
-		MaxTokens int `json:"max_tokens"`
+		MaxTokens    int    `json:"max_tokens"`
+		PromptEmbeds string `json:"prompt_embeds"`
 	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&body); err != nil {
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<20)).Decode(&body); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	e.embeds.Store(int64(len(body.PromptEmbeds)))
 	if code := int(e.failWith.Load()); code != 0 {
 		http.Error(w, fmt.Sprintf(`{"error":"engine at %s: dial tcp 10.1.2.3:8000: connection refused"}`, e.addr), code)
 		return
@@ -165,7 +168,7 @@ func startHTTPDaemon(t *testing.T, fbt time.Duration, urls ...string) (*testDaem
 	require.NoError(t, err)
 	var engines []*kvevents.Engine
 	for i, url := range urls {
-		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i), FirstByteTimeout: fbt})
+		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i), FirstByteTimeout: fbt, Embeds: true})
 		require.NoError(t, err)
 		e, err := svc.AddWorker(w)
 		require.NoError(t, err)
@@ -200,19 +203,38 @@ func (d *testDaemon) complete(t *testing.T, maxTokens int) (int, http.Header, st
 	return resp.StatusCode, resp.Header, string(body)
 }
 
-// routedTo is the worker the decision log says request id (in an answer's body) went to, and
-// why the worker named other was not chosen ("" if it was eligible).
+// routedTo is the worker the decision log says the request answered by body went to, and why
+// the worker named other was not chosen ("" if it was eligible).
 func (d *testDaemon) routedTo(t *testing.T, body, other string) (string, string) {
 	t.Helper()
 	var out struct {
 		ID string `json:"id"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(body), &out), body)
-	ld, ok := d.svc.Decisions().Get(out.ID)
-	require.True(t, ok, out.ID)
+	return d.routedID(t, out.ID, other)
+}
+
+func (d *testDaemon) routedID(t *testing.T, id, other string) (string, string) {
+	t.Helper()
+	ld, ok := d.svc.Decisions().Get(id)
+	require.True(t, ok, id)
 	sc := ld.Decision.Score(other)
 	require.NotNil(t, sc, other)
 	return ld.Decision.Worker, sc.Excluded
+}
+
+// requireNoLoad checks that the router counts nothing in flight on any worker: every Start
+// of a retried request was matched by one Finish.
+func (d *testDaemon) requireNoLoad(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, w := range d.svc.Router().Snapshot() {
+			if w.Requests != 0 || w.ActiveBlocks != 0 || w.PrefillTokens != 0 {
+				return false
+			}
+		}
+		return d.svc.Router().Slots().InFlight() == 0
+	}, 10*time.Second, 10*time.Millisecond, "%+v", d.svc.Router().Snapshot())
 }
 
 func (d *testDaemon) requireHealthy(t *testing.T, url string, healthy bool) {
@@ -236,17 +258,22 @@ func TestStoppedWorkerFailsOver(t *testing.T) {
 	live := startEngine(t, lns[1])
 	d, _ := startHTTPDaemon(t, fbt, stopped, live.url())
 
+	// A picture, so the merged sequence (prompt_embeds) must still be there for the retry.
+	png := dataURL(t, "image/png", "image_200x150.png")
 	start := time.Now()
-	code, _, body := d.complete(t, 2)
+	code, _, out := d.postResp(t, "/v1/chat/completions", chatBody(2, textPart("what is this?"), imagePart(png)))
 	took := time.Since(start)
-	require.Equal(t, 200, code, body)
-	require.Contains(t, body, `"text":"w0 w1 "`)
+	require.Equal(t, 200, code, "%v", out)
+	require.Equal(t, "w0 w1 ", out["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"])
 	require.Less(t, took, fbt+3*time.Second, "the first-byte timeout, then the other worker")
 	require.GreaterOrEqual(t, took, fbt)
-	to, why := d.routedTo(t, body, stopped)
+	require.Positive(t, live.embeds.Load(), "the retry sent the merged sequence")
+	to, why := d.routedID(t, out["id"].(string), stopped)
 	require.Equal(t, live.url(), to)
 	require.Equal(t, "failed: no first byte within 300ms", why, "the decision log shows the retry")
 	t.Logf("answered in %v by the other worker (first-byte timeout %v)", took.Round(time.Millisecond), fbt)
+	d.requireNoLoad(t)
+	d.requireNoFeatureBytes(t)
 
 	d.requireHealthy(t, stopped, false)
 	require.Eventually(t, func() bool {
@@ -283,6 +310,7 @@ func TestKilledWorkerNo502(t *testing.T) {
 	}
 	require.Equal(t, map[int]int{200: 200}, statuses)
 	require.EqualValues(t, 200, live.completions.Load())
+	d.requireNoLoad(t)
 
 	d.requireHealthy(t, dead.url(), false)
 	require.Eventually(t, func() bool {
