@@ -34,7 +34,7 @@ type fakeEngine struct {
 	addr        string
 	failWith    atomic.Int32
 	embeds      atomic.Int64 // bytes of the last request's prompt_embeds (base64)
-	truncate    atomic.Bool // stream one word, then end without [DONE] (the engine died)
+	truncate    atomic.Bool  // stream one word, then end without [DONE] (the engine died)
 	completions atomic.Int64
 	mu          sync.Mutex
 	srv         *http.Server
