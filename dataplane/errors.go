@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // The kinds of failure of the request path that no deeper package has a type of its own for.
@@ -31,6 +32,9 @@ type Error struct {
 	Param string // where: "messages[0].content[1]", "cache_policy"; "" for the request as a whole
 	Kind  error  // one of the kinds above or a deeper package's sentinel; nil when Err's chain says
 	Err   error
+	// RetryAfter, when set, is when another try may work (ErrUnavailable: no LLM worker can take
+	// the request now, about one health interval until a probe may bring one back).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {

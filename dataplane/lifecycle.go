@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,7 +24,8 @@ import (
 // them to the feature store (reuse hits skip encoding; misses reserve memory and go to the
 // encoder pool at once) → place them in the prompt → route (while encoding runs) → wait for
 // the last item → merge into feature-store memory → hand to the chosen worker → stream its
-// tokens; then release per the cache policy. Submit returns as soon as the worker starts; a
+// tokens; then release per the cache policy. Run returns once the worker's first event has
+// arrived (a worker that fails before it is replaced once by the next-best healthy one); a
 // text-only request never waits behind media. Any failure, or the client leaving, releases
 // everything the request holds.
 
@@ -57,8 +59,8 @@ func storeError(err error, param string) *Error {
 	return &Error{Param: param, Err: err}
 }
 
-// Run takes a prompt through the whole path and returns once the worker has started; it owns
-// p from then on. Its errors are *Error, or the context's error when ctx ends first.
+// Run takes a prompt through the whole path and returns once the worker's first event has
+// arrived; it owns p from then on. Its errors are *Error, or the context's error when ctx ends first.
 func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 	if !s.begin() {
 		p.Memory.Close()
@@ -411,7 +413,11 @@ func (r *request) route() (router.Decision, error) {
 	}
 	var d router.Decision
 	if err := s.router.Decide(req, &d); err != nil {
-		return d, fail(ErrUnavailable, "", "no LLM worker can take the request: %v", err)
+		e := fail(ErrUnavailable, "", "no LLM worker can take the request: %v", err)
+		if _, none := errors.AsType[*router.ErrNoWorker](err); none {
+			e.RetryAfter = s.retryAfter() // a probe may bring one back
+		}
+		return d, e
 	}
 	s.routes.Add(r.id, d)
 	return d, nil
@@ -535,66 +541,164 @@ func (r *request) merge(ctx context.Context) (native.Matrix, error) {
 	return dst, nil
 }
 
-// generate starts the worker and returns the stream of its events, which releases the
-// request's memory at the first token (prefill has read the merged sequence) and at the end.
+// generate hands the request to the chosen worker and returns once that worker's first event
+// arrived (the stream starts with it), so that a worker that fails before any byte reaches the
+// client costs the client nothing: if it refused the request, did not answer in time, or ended
+// its stream before a token (worker.ErrUnavailable), it leaves routing and the request goes
+// once more to the next-best healthy worker of the same decision (nextBest); the decision log
+// shows the retry. The merged sequence stays valid until the answering worker's first event.
 func (r *request) generate(ctx context.Context, d router.Decision, embeds native.Matrix) (*Generation, error) {
 	s := r.s
-	w := s.worker(d.Worker)
-	if w == nil {
-		return nil, fail(ErrUnavailable, "", "worker %q is gone", d.Worker)
+	e := s.entry(d.Worker)
+	if e == nil {
+		return nil, fail(ErrUnavailable, "", "the LLM worker chosen is gone")
 	}
 	ids, spans := r.expanded()
 	wreq := &worker.Request{ID: r.id, TokenIDs: ids, Media: spans, Embeds: embeds, Sampling: r.p.Sampling, CacheSalt: r.p.Ext.CacheSalt}
-	events, err := w.Generate(ctx, wreq)
-	if err != nil {
-		if errors.Is(err, worker.ErrUnavailable) {
-			s.suspend(d.Worker)
-		}
-		return nil, fail(ErrUpstream, "", "worker %s: %v", d.Worker, err)
+	g, err := r.attempt(ctx, d, e, wreq)
+	if err == nil || ctx.Err() != nil {
+		return g, err
 	}
-	if err := s.router.Start(r.id, d, d.Worker, time.Now()); err == nil {
-		r.routed.Store(true)
+	msg := e.label + ": " + worker.Public(err)
+	next := s.nextBest(d, e)
+	if !unavailable(err) || next == nil {
+		return nil, &Error{Kind: ErrUpstream, Err: &upstreamError{msg: msg, cause: err}}
 	}
-	out := make(chan worker.Event, 16)
-	go r.forward(ctx, events, out)
-	return &Generation{ID: r.id, Model: s.models.Name, Worker: d.Worker, PromptTokens: r.pm.Len, Events: out}, nil
+	s.log.Warn("LLM worker failed before its first token: retrying on the next-best worker", "request", r.id,
+		"worker", e.name, "err", err, "retry", next.name)
+	s.routes.Add(r.id, retried(d, e.name, next.name, worker.Public(err)))
+	g, err2 := r.attempt(ctx, d, next, wreq)
+	if err2 == nil || ctx.Err() != nil {
+		return g, err2
+	}
+	msg += "; retried on " + next.label + ": " + worker.Public(err2)
+	return nil, &Error{Kind: ErrUpstream, Err: &upstreamError{msg: msg, cause: errors.Join(err, err2)}}
 }
 
-// forward relays the worker's events, marking prefill at the first and releasing everything
-// at the last (or when the client leaves).
-func (r *request) forward(ctx context.Context, in <-chan worker.Event, out chan<- worker.Event) {
+// attempt starts the request on worker e and waits for its first event. On failure nothing of
+// the attempt is left counted (router Start undone): its error is the worker's, or ctx's.
+func (r *request) attempt(ctx context.Context, d router.Decision, e *workerEntry, wreq *worker.Request) (*Generation, error) {
+	s := r.s
+	if err := s.router.Start(r.id, d, e.name, time.Now()); err == nil {
+		r.routed.Store(true)
+	}
+	events, err := e.w.Generate(ctx, wreq)
+	var first worker.Event
+	if err == nil {
+		select {
+		case ev, ok := <-events:
+			switch {
+			case !ok:
+				err = fmt.Errorf("%w: the stream ended without an event", worker.ErrUnavailable)
+			case ev.Done && ev.Err != nil && ev.Tokens == 0 && ev.Text == "":
+				err = ev.Err
+			default:
+				first = ev
+			}
+		case <-ctx.Done(): // the worker ends the generation with ctx
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		if r.routed.Swap(false) {
+			s.router.Finish(r.id)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if unavailable(err) {
+			s.markDown(e, err)
+		}
+		return nil, err
+	}
+	out := make(chan worker.Event, 16)
+	go r.forward(ctx, e, first, events, out)
+	return &Generation{ID: r.id, Model: s.models.Name, Worker: e.name, PromptTokens: r.pm.Len, Events: out}, nil
+}
+
+// nextBest is the healthy worker of d, other than failed, that d's scores rank first (nil if
+// none is left).
+func (s *Service) nextBest(d router.Decision, failed *workerEntry) *workerEntry {
+	scores := slices.Clone(d.Scores)
+	for i := range scores {
+		sc := &scores[i]
+		if !sc.Eligible {
+			continue
+		}
+		if e := s.entry(sc.Worker); sc.Worker == failed.name || e == nil || !s.isHealthy(e) {
+			sc.Eligible = false
+		}
+	}
+	pick := router.Choose(scores, 0, 0)
+	if pick < 0 {
+		return nil
+	}
+	return s.entry(scores[pick].Worker)
+}
+
+// retried is d as the decision log shows a retry: sent to next after failed failed (why).
+func retried(d router.Decision, failed, next, why string) router.Decision {
+	d.Worker = next
+	d.Scores = slices.Clone(d.Scores)
+	for i := range d.Scores {
+		if sc := &d.Scores[i]; sc.Worker == failed {
+			sc.Eligible, sc.Excluded = false, "failed: "+why
+		}
+	}
+	return d
+}
+
+// upstreamError is an LLM worker's failure as a client reads it: the worker's label and the
+// class of failure (worker.Public), never its address; the whole cause stays in the chain and
+// goes to the log.
+type upstreamError struct {
+	msg   string
+	cause error
+}
+
+func (e *upstreamError) Error() string { return e.msg }
+func (e *upstreamError) Unwrap() error { return e.cause }
+
+// forward relays the worker's events from the first (already received), marking prefill at
+// the first and releasing everything at the last (or when the client leaves). A failure the
+// last event reports reaches the client as an upstreamError.
+func (r *request) forward(ctx context.Context, e *workerEntry, ev worker.Event, in <-chan worker.Event, out chan<- worker.Event) {
 	defer close(out)
-	first := true
 	var final error
 	defer func() { r.release(final) }()
+	r.s.metrics.ttft.Observe(time.Since(r.start).Seconds())
+	r.s.router.FirstToken(r.id)
+	if r.fr != nil {
+		r.fr.Prefilled() //nolint:errcheck // a cancelled request has nothing left to mark
+	}
 	for {
+		if ev.Done {
+			final = ev.Err
+			switch {
+			case final == nil:
+				final = errDone
+			case ctx.Err() == nil:
+				r.s.log.Warn("LLM worker failed mid-stream", "request", r.id, "worker", e.name, "err", final)
+				if unavailable(final) {
+					r.s.markDown(e, final)
+				}
+				ev.Err = &upstreamError{msg: e.label + ": " + worker.Public(final), cause: final}
+			}
+		}
 		select {
-		case ev, ok := <-in:
+		case out <- ev:
+		case <-ctx.Done():
+			final = ctx.Err()
+			return
+		}
+		if ev.Done {
+			return
+		}
+		var ok bool
+		select {
+		case ev, ok = <-in:
 			if !ok {
 				final = errors.New("the worker's stream ended without a final event")
-				return
-			}
-			if first {
-				first = false
-				r.s.metrics.ttft.Observe(time.Since(r.start).Seconds())
-				r.s.router.FirstToken(r.id)
-				if r.fr != nil {
-					r.fr.Prefilled() //nolint:errcheck // a cancelled request has nothing left to mark
-				}
-			}
-			if ev.Done {
-				final = ev.Err
-				if final == nil {
-					final = errDone
-				}
-			}
-			select {
-			case out <- ev:
-			case <-ctx.Done():
-				final = ctx.Err()
-				return
-			}
-			if ev.Done {
 				return
 			}
 		case <-ctx.Done():

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,8 +54,6 @@ type ServiceOptions struct {
 	MaxUUIDs int
 	// Transfer estimates the cost of sending features to a remote worker (bytes a second).
 	TransferBytesPerSecond float64
-	// WorkerRetry is how long a worker that said it is unavailable stays out of routing.
-	WorkerRetry time.Duration
 	// MemoryBytes is the process's memory budget (--memory-bytes); 0: no accounting. What is
 	// left of it after the feature store, what the process holds once its models are loaded and
 	// memory.RuntimeReserve is the budget of everything requests make (Memory().Capacity()).
@@ -64,6 +63,14 @@ type ServiceOptions struct {
 	RequestMemoryBytes int64
 	// MemoryWait is how long a reservation waits for room before a 503 (0: memory's default).
 	MemoryWait time.Duration
+	// HealthInterval is how often the prober asks every worker whether it is healthy
+	// (worker.Prober; a worker that is not one is always healthy); HealthTimeout bounds one
+	// probe. After HealthFailures failed probes in a row a worker leaves routing and its blocks
+	// leave the index; the first probe that succeeds brings it back. A request that finds a
+	// worker unavailable takes it out of routing at once; only the prober brings it back.
+	// 1s, 1s, 2.
+	HealthInterval, HealthTimeout time.Duration
+	HealthFailures                int
 	// WrapEncoder, if set, wraps the encoder every job runs on (instrumentation; tests inject
 	// faults with it).
 	WrapEncoder func(encoderpool.Model) encoderpool.Model
@@ -88,7 +95,9 @@ func DefaultServiceOptions() ServiceOptions {
 		DefaultMaxTokens:       256,
 		MaxUUIDs:               1 << 16,
 		TransferBytesPerSecond: 10e9,
-		WorkerRetry:            5 * time.Second,
+		HealthInterval:         time.Second,
+		HealthTimeout:          time.Second,
+		HealthFailures:         2,
 	}
 }
 
@@ -110,14 +119,22 @@ type Service struct {
 	memPlan memory.Plan
 	memory  *memory.Budget // nil: no accounting
 
-	mu       sync.Mutex
-	workers  map[string]worker.Worker
-	revive   map[string]*time.Timer // per suspended worker: marks it healthy again (s.mu)
-	closed   bool
-	active   sync.WaitGroup // requests in flight, for the drain
-	nextID   atomic.Uint64
-	prepSem  chan struct{} // bounds concurrent media preprocessing to the CPU count
-	fetchSem chan struct{} // bounds concurrent media fetches (MaxFetches), apart from prepSem
+	mu      sync.Mutex
+	workers map[string]*workerEntry
+	closed  bool
+	active  sync.WaitGroup // requests in flight, for the drain
+	nextID  atomic.Uint64
+	prepSem chan struct{} // bounds concurrent media preprocessing to the CPU count
+	// fetchSem bounds concurrent media fetches (MaxFetches), apart from prepSem.
+	fetchSem chan struct{}
+
+	// Worker health (health.go): healthMu guards every entry's health fields and is held while
+	// the router is told (an atomic store); healthy counts the healthy workers for Ready.
+	healthMu   sync.Mutex
+	healthy    atomic.Int32
+	health     *healthMetrics
+	stopProber context.CancelFunc
+	prober     sync.WaitGroup
 }
 
 // NewService loads the models and the tokenizer and builds the pieces. Workers are added
@@ -126,7 +143,17 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{opts: opts, log: opts.Log, workers: map[string]worker.Worker{}, revive: map[string]*time.Timer{},
+	def := DefaultServiceOptions()
+	if opts.HealthInterval <= 0 {
+		opts.HealthInterval = def.HealthInterval
+	}
+	if opts.HealthTimeout <= 0 {
+		opts.HealthTimeout = def.HealthTimeout
+	}
+	if opts.HealthFailures <= 0 {
+		opts.HealthFailures = def.HealthFailures
+	}
+	s := &Service{opts: opts, log: opts.Log, workers: map[string]*workerEntry{}, health: newHealthMetrics(),
 		uuids:  newUUIDTable(max(opts.MaxUUIDs, 1)),
 		routes: router.NewDecisionLog(router.RecentDecisions), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0)),
 		fetchSem: make(chan struct{}, max(opts.MaxFetches, 1))}
@@ -176,11 +203,13 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	po := opts.Pool
 	po.Observe = s.metrics.observeBatch
 	s.pool = encoderpool.New(po)
+	s.startProber()
 	return s, nil
 }
 
-// AddWorker puts an LLM worker behind the router; its KV events come through the returned
-// engine (the caller feeds it, e.g. kvevents.SubscribeZMQ or a mocker's sink).
+// AddWorker puts an LLM worker behind the router, healthy; its KV events come through the
+// returned engine (the caller feeds it, e.g. kvevents.SubscribeZMQ or a mocker's sink). The
+// prober asks it how it is from the next round on (worker.Prober).
 func (s *Service) AddWorker(w worker.Worker) (*kvevents.Engine, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -191,7 +220,7 @@ func (s *Service) AddWorker(w worker.Worker) (*kvevents.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.workers[w.Name()] = w
+	s.workers[w.Name()] = s.newEntry(w)
 	return e, nil
 }
 
@@ -219,28 +248,39 @@ func (s *Service) Feed() *kvevents.Feed { return s.feed }
 func (s *Service) Models() *Models { return s.models }
 func (s *Service) Tokenizer() *Tok { return s.tok }
 
-// Collectors are the service's Prometheus collectors: its own (the memory budget's included),
-// the feature store's and the router's (its KV events' counters included).
+// Collectors are the service's Prometheus collectors: its own (the workers' health and the
+// memory budget among them), the feature store's and the router's (its KV events' counters
+// included).
 func (s *Service) Collectors() []prometheus.Collector {
-	return append(s.metrics.collectors(), s.store.Collector(), router.NewCollector(s.router), kvevents.NewCollector(s.feed),
-		newMemoryCollector(s.memPlan, s.memory))
+	return append(s.metrics.collectors(), s.health.healthy, s.health.probes, s.store.Collector(), router.NewCollector(s.router),
+		kvevents.NewCollector(s.feed), newMemoryCollector(s.memPlan, s.memory))
 }
 
-// Ready says whether the service can take requests (an error says why not).
+// Why Ready refuses (allocated once: a probe allocates nothing).
+var (
+	errShuttingDown    = errors.New("shutting down")
+	errNoWorker        = errors.New("no LLM worker")
+	errNoHealthyWorker = errors.New("no healthy LLM worker")
+)
+
+// Ready says whether the service can take requests (an error says why not): not while it
+// shuts down, nor while no LLM worker is healthy.
 func (s *Service) Ready() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return errors.New("shutting down")
-	}
-	if len(s.workers) == 0 {
-		return errors.New("no LLM worker")
+	switch {
+	case s.closed:
+		return errShuttingDown
+	case len(s.workers) == 0:
+		return errNoWorker
+	case s.healthy.Load() == 0:
+		return errNoHealthyWorker
 	}
 	return nil
 }
 
-// Close waits for requests in flight (up to ctx), then stops the pool, the workers and the
-// store.
+// Close waits for requests in flight (up to ctx), then stops the prober, the pool, the workers
+// and the store.
 func (s *Service) Close(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
@@ -253,13 +293,12 @@ func (s *Service) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		err = fmt.Errorf("requests still in flight: %w", ctx.Err())
 	}
+	s.stopProber()
+	s.prober.Wait()
 	s.pool.Close()
 	s.mu.Lock()
-	for _, t := range s.revive {
-		t.Stop()
-	}
-	for _, w := range s.workers {
-		w.Close()
+	for _, e := range s.workers {
+		e.w.Close()
 	}
 	s.mu.Unlock()
 	s.closePieces()
@@ -288,34 +327,21 @@ func (s *Service) begin() bool {
 	return true
 }
 
-// suspend takes a worker that said it is unavailable out of routing for WorkerRetry.
-func (s *Service) suspend(name string) {
-	s.router.SetHealthy(name, false) //nolint:errcheck // a worker that is gone cannot be marked
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return
-	}
-	if t, ok := s.revive[name]; ok {
-		t.Reset(s.opts.WorkerRetry)
-		return
-	}
-	s.revive[name] = time.AfterFunc(s.opts.WorkerRetry, func() { s.router.SetHealthy(name, true) }) //nolint:errcheck
-}
-
-func (s *Service) worker(name string) worker.Worker {
+// entry is the worker with that name, or nil.
+func (s *Service) entry(name string) *workerEntry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.workers[name]
 }
 
-func (s *Service) workerNames() []string {
+// entries are the workers, by name.
+func (s *Service) entries() []*workerEntry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	names := make([]string, 0, len(s.workers))
-	for n := range s.workers {
-		names = append(names, n)
+	out := make([]*workerEntry, 0, len(s.workers))
+	for _, e := range s.workers {
+		out = append(out, e)
 	}
-	slices.Sort(names)
-	return names
+	slices.SortFunc(out, func(a, b *workerEntry) int { return strings.Compare(a.name, b.name) })
+	return out
 }

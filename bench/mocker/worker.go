@@ -38,6 +38,10 @@ func (w *Worker) Name() string { return w.fleet.engines[w.i].opts.Name }
 // Close does nothing: the fleet's owner stops it.
 func (w *Worker) Close() error { return nil }
 
+// Health is worker.Prober's: an in-process engine is always reachable (its fleet lives as long
+// as the daemon), so every probe succeeds.
+func (w *Worker) Health(context.Context) error { return nil }
+
 // Generate submits the request to the engine. Events carry one word of text per token
 // (" t<token id>"), coalesced when the reader falls behind; the first event is the first
 // token; the last is Done with the prompt and cached token counts. Cancelling ctx aborts the

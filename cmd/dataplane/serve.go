@@ -38,6 +38,7 @@ type serveFlags struct {
 	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay, adminListen string
 	mockSpeedup                                                           float64
 	maxBodyBytes                                                          int64
+	firstByteTimeout                                                      time.Duration
 }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
@@ -88,6 +89,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Float64Var(&sf.mockSpeedup, "mock-speedup", 1, "mock engines' time runs this many times faster than wall time (--workers mock:N)")
 	fs.StringVar(&sf.kvEvents, "kv-events", "", "the workers' vLLM KV-event publishers, same order: tcp://host:5557,...")
 	fs.StringVar(&sf.kvReplay, "kv-replay", "", "their replay endpoints, same order: tcp://host:5558,...")
+	fs.DurationVar(&sf.firstByteTimeout, "worker-first-byte-timeout", 30*time.Second, "an http worker that sends no headers and first token within this long fails over to another")
+	fs.DurationVar(&so.HealthInterval, "worker-health-interval", so.HealthInterval, "how often every worker's health is probed (GET /health)")
+	fs.DurationVar(&so.HealthTimeout, "worker-health-timeout", so.HealthTimeout, "how long one health probe may take")
+	fs.IntVar(&so.HealthFailures, "worker-health-failures", so.HealthFailures, "failed probes in a row that take a worker out of routing and its blocks out of the index")
 	fs.IntVar(&so.Router.BlockSize, "block-size", so.Router.BlockSize, "the engines' KV block size")
 	fs.Float64Var(&so.Router.Temperature, "router-temperature", so.Router.Temperature, "0: the cheapest worker; > 0: softmax over costs")
 	fs.Float64Var(&so.Router.OverlapWeight, "overlap-weight", so.Router.OverlapWeight, "weight of uncached prefill blocks against decode load")
@@ -134,6 +139,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	if so.HealthInterval <= 0 || so.HealthTimeout <= 0 || so.HealthFailures < 1 {
+		return usageErr("--worker-health-interval %v, --worker-health-timeout %v, --worker-health-failures %d: want positive values",
+			so.HealthInterval, so.HealthTimeout, so.HealthFailures)
+	}
 	so.Fetch.MaxBytes = so.MaxMediaBytes
 	if sf.maxBodyBytes > math.MaxInt32 {
 		return usageErr("--max-body-bytes: at most %d", math.MaxInt32)
@@ -162,7 +171,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		"header_timeout", opts.HeaderTimeout, "read_timeout", opts.ReadTimeout, "write_timeout", opts.WriteTimeout, "idle_timeout", opts.IdleTimeout,
 		"shutdown_timeout", opts.ShutdownTimeout, "workers", sf.workers, "vision_model", mo.VisionModel,
 		"audio_model", mo.AudioModel, "tokenizer", so.Tokenizer.Dir, "feature_bytes", so.Features.Host.Capacity,
-		"dtype", mo.DType, "block_size", so.Router.BlockSize)
+		"dtype", mo.DType, "block_size", so.Router.BlockSize, "worker_first_byte_timeout", sf.firstByteTimeout,
+		"worker_health_interval", so.HealthInterval, "worker_health_timeout", so.HealthTimeout, "worker_health_failures", so.HealthFailures)
 	srv := api.NewServer(opts, log)
 	backend := selectBackend(ctx, sf.cudaPlugin, log)
 	log.Info("backends", "cpu", native.BestISA().String(), "cpu_supported", isaList(), "cuda", backend.cuda, "using", backend.name)
@@ -260,14 +270,19 @@ func audioName(m *dataplane.Models) string {
 // workerPlan is what --workers, --kv-events and --kv-replay ask for, checked before any
 // model loads.
 type workerPlan struct {
-	mock            int      // in-process mock engines (mock:N); 0: none
-	mockSpeedup     float64  // their clock
-	urls            []string // OpenAI-compatible engines
-	events, replays []string // the engines' KV-event and replay endpoints, same order
+	mock             int      // in-process mock engines (mock:N); 0: none
+	mockSpeedup      float64  // their clock
+	urls             []string // OpenAI-compatible engines
+	events, replays  []string // the engines' KV-event and replay endpoints, same order
+	firstByteTimeout time.Duration
 }
 
 func planWorkers(sf serveFlags) (workerPlan, error) {
-	p := workerPlan{urls: splitList(sf.workers), events: splitList(sf.kvEvents), replays: splitList(sf.kvReplay), mockSpeedup: sf.mockSpeedup}
+	p := workerPlan{urls: splitList(sf.workers), events: splitList(sf.kvEvents), replays: splitList(sf.kvReplay), mockSpeedup: sf.mockSpeedup,
+		firstByteTimeout: sf.firstByteTimeout}
+	if p.firstByteTimeout <= 0 {
+		return p, fmt.Errorf("--worker-first-byte-timeout: %v (want > 0)", p.firstByteTimeout)
+	}
 	if len(p.urls) == 0 {
 		return p, fmt.Errorf("--workers: none given (want mock:N or http://host:port,...)")
 	}
@@ -314,7 +329,10 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 		return stop, nil
 	}
 	for i, url := range p.urls {
-		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Embeds: true})
+		// Clients read "worker i" (its place in --workers, from 0 as mock engines count); the
+		// logs name its address.
+		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i), Embeds: true,
+			FirstByteTimeout: p.firstByteTimeout})
 		if err != nil {
 			stop()
 			return nil, err
@@ -324,6 +342,7 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 			stop()
 			return nil, err
 		}
+		log.Info("LLM worker", "worker", w.Name(), "label", w.Label())
 		if i >= len(p.events) {
 			log.Warn("no KV events for a worker: routing sees its load but not its cache", "worker", w.Name())
 			continue

@@ -70,7 +70,8 @@ const queueFullRetry = time.Second
 
 // ErrorOf is where an error of the request path becomes a status: the deeper packages' typed
 // errors and the request path's kinds (dataplane.Err*), first match wins, anything else a 500.
-// The param is the one the outermost *dataplane.Error or *openai.RequestError names.
+// The param is the one the outermost *dataplane.Error or *openai.RequestError names, and so is
+// a 503's Retry-After (*dataplane.Error.RetryAfter).
 func ErrorOf(err error) *Error {
 	var (
 		ae  *Error
@@ -116,6 +117,9 @@ func ErrorOf(err error) *Error {
 		out.Status, out.Type = http.StatusBadRequest, "invalid_request_error"
 	case errors.Is(err, dataplane.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		out.Status, out.Type = http.StatusServiceUnavailable, "overloaded_error"
+		if de != nil {
+			out.RetryAfter = de.RetryAfter // no LLM worker can take it now: about one probe round
+		}
 	case errors.Is(err, dataplane.ErrUpstream):
 		out.Status, out.Type = http.StatusBadGateway, "upstream_error"
 	}

@@ -63,9 +63,12 @@ func TestErrorOf(t *testing.T) {
 	f(&dataplane.Error{Param: "messages", Kind: dataplane.ErrInvalid, Err: pe}, 400, "invalid_request_error", "messages", 0, pe.Error())
 	f(&dataplane.Error{Kind: dataplane.ErrUnavailable, Err: errors.New("the server is shutting down")},
 		503, "overloaded_error", "", 0, "the server is shutting down")
+	// No LLM worker can take it (none healthy): come back in about one health-probe round.
+	f(&dataplane.Error{Kind: dataplane.ErrUnavailable, Err: errors.New("no LLM worker can take the request"), RetryAfter: time.Second},
+		503, "overloaded_error", "", time.Second, "no LLM worker can take the request")
 	f(&dataplane.Error{Param: item, Kind: dataplane.ErrTimeout, Err: errors.New("media not encoded within 1s")},
 		504, "timeout_error", item, 0, "media not encoded within 1s")
-	f(&dataplane.Error{Kind: dataplane.ErrUpstream, Err: errors.New("worker w0: refused")}, 502, "upstream_error", "", 0, "worker w0: refused")
+	f(&dataplane.Error{Kind: dataplane.ErrUpstream, Err: errors.New("worker 0: connection refused")}, 502, "upstream_error", "", 0, "worker 0: connection refused")
 	f(&dataplane.Error{Param: item, Err: errors.New("encoding image failed: fault")}, 500, "server_error", item, 0, "encoding image failed: fault")
 	// A client that left: nobody reads the answer, but the metrics say so.
 	f(context.Canceled, statusCancelled, "cancelled", "", 0, "context canceled")

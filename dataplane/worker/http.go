@@ -5,10 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"dataplane/transfer"
@@ -18,10 +22,17 @@ import (
 type HTTPOptions struct {
 	BaseURL string // http://host:port
 	Model   string // the engine's model name ("" : the first of its /v1/models)
+	// Label names the worker in what clients read (502 messages): "worker 2", never its address.
+	// Default "worker".
+	Label string
 	// Embeds sends the merged sequence as prompt_embeds (vLLM --enable-prompt-embeds) when a
 	// request has one; otherwise the engine gets the token ids (text-only requests).
 	Embeds bool
-	// Timeout bounds a whole generation; ConnectTimeout the connection.
+	// FirstByteTimeout bounds the time from sending a request until the response headers and
+	// the first SSE data event have arrived (the engine queued and prefilled it): an engine that
+	// is stopped or wedged fails within it (ErrUnavailable), not after Timeout. Default 30s.
+	FirstByteTimeout time.Duration
+	// Timeout bounds a whole generation (default 10m); ConnectTimeout the TCP connection (5s).
 	Timeout, ConnectTimeout time.Duration
 }
 
@@ -37,6 +48,12 @@ func NewHTTP(opts HTTPOptions) (*HTTP, error) {
 		return nil, fmt.Errorf("worker: base URL %q (want http://host:port)", opts.BaseURL)
 	}
 	opts.BaseURL = strings.TrimRight(opts.BaseURL, "/")
+	if opts.Label == "" {
+		opts.Label = "worker"
+	}
+	if opts.FirstByteTimeout <= 0 {
+		opts.FirstByteTimeout = 30 * time.Second
+	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Minute
 	}
@@ -44,17 +61,44 @@ func NewHTTP(opts HTTPOptions) (*HTTP, error) {
 		opts.ConnectTimeout = 5 * time.Second
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: opts.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
 	tr.MaxIdleConnsPerHost = 256
-	tr.ResponseHeaderTimeout = opts.Timeout
-	return &HTTP{opts: opts, client: &http.Client{Transport: tr, Timeout: opts.Timeout}}, nil
+	tr.MaxResponseHeaderBytes = 64 << 10
+	// No client-wide timeout: each request's context carries the generation's deadline, and a
+	// timer the first-byte one (Generate).
+	return &HTTP{opts: opts, client: &http.Client{Transport: tr}}, nil
 }
 
-func (h *HTTP) Name() string { return h.opts.BaseURL }
+func (h *HTTP) Name() string  { return h.opts.BaseURL }
+func (h *HTTP) Label() string { return h.opts.Label }
 
 func (h *HTTP) Close() error {
 	h.client.CloseIdleConnections()
 	return nil
 }
+
+// Health asks the engine's GET /health (vLLM answers 200 while its engine runs, 503 once it is
+// dead): nil on 200. ctx bounds the probe.
+func (h *HTTP) Health(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.opts.BaseURL+"/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return unavailable(fmt.Errorf("%s: %w", h.opts.BaseURL, err), "%s", transportClass(err))
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096)) //nolint:errcheck // drained to reuse the connection
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return unavailable(fmt.Errorf("%s/health answered %s", h.opts.BaseURL, resp.Status), "health check answered %s", statusText(resp.StatusCode))
+	}
+	return nil
+}
+
+// statusText is a status as a client may read it: the code and its standard text (an engine's
+// own reason phrase could say anything).
+func statusText(code int) string { return strconv.Itoa(code) + " " + http.StatusText(code) }
 
 // completionBody is the engine's /v1/completions request.
 type completionBody struct {
@@ -71,7 +115,10 @@ type completionBody struct {
 	CacheSalt     string         `json:"cache_salt,omitempty"`
 }
 
-// Generate sends one streamed completion and turns its chunks into events.
+// Generate sends one streamed completion and turns its chunks into events. It returns once the
+// engine answered with its headers; the first-byte timer (HTTPOptions.FirstByteTimeout) runs
+// on until the first SSE data event, so a silent engine fails either here or with a Done event
+// carrying an ErrUnavailable *Error before any token.
 func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error) {
 	body := completionBody{Model: h.opts.Model, MaxTokens: req.Sampling.MaxTokens, Temperature: req.Sampling.Temperature,
 		TopP: req.Sampling.TopP, Seed: req.Sampling.Seed, Stop: req.Sampling.Stop, Stream: true,
@@ -92,32 +139,48 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 	if err != nil {
 		return nil, err
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, h.opts.BaseURL+"/v1/completions", bytes.NewReader(raw))
+	// gctx is the generation: it ends with the caller's ctx, after Timeout, or when the
+	// first-byte timer fires before the first data event (late says which).
+	gctx, cancel := context.WithTimeout(ctx, h.opts.Timeout)
+	var late atomic.Bool
+	firstByte := time.AfterFunc(h.opts.FirstByteTimeout, func() { late.Store(true); cancel() })
+	hreq, err := http.NewRequestWithContext(gctx, http.MethodPost, h.opts.BaseURL+"/v1/completions", bytes.NewReader(raw))
 	if err != nil {
+		firstByte.Stop()
+		cancel()
 		return nil, err
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
 	resp, err := h.client.Do(hreq)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrUnavailable, h.opts.BaseURL, err)
+		firstByte.Stop()
+		err = h.failure(ctx, gctx, &late, fmt.Errorf("%s: %w", h.opts.BaseURL, err), transportClass(err))
+		cancel()
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
+		firstByte.Stop()
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
-		err := fmt.Errorf("worker %s answered %s: %s", h.opts.BaseURL, resp.Status, bytes.TrimSpace(msg))
-		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
-			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
-		}
+		cancel()
+		err := &Error{Class: "answered " + statusText(resp.StatusCode),
+			Err: fmt.Errorf("%s answered %s: %s", h.opts.BaseURL, resp.Status, bytes.TrimSpace(msg))}
+		err.Unavailable = resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
 		return nil, err
 	}
 	events := make(chan Event, 16)
 	go func() { // owned by the request: it ends with the stream or with ctx
 		defer close(events)
+		defer cancel()
 		defer resp.Body.Close()
-		done := forward(ctx, resp.Body, events)
-		if ctx.Err() != nil {
-			done = Event{Done: true, Err: ctx.Err()}
+		done := forward(gctx, resp.Body, events, func() { firstByte.Stop() })
+		firstByte.Stop()
+		switch {
+		case done.Err != nil && gctx.Err() != nil: // the caller left, or a timer ended it
+			done = Event{Done: true, Err: h.failure(ctx, gctx, &late, fmt.Errorf("%s: %w", h.opts.BaseURL, done.Err), "")}
+		case done.Err != nil:
+			done.Err = fmt.Errorf("%s: %w", h.opts.BaseURL, done.Err)
 		}
 		select {
 		case events <- done:
@@ -125,6 +188,22 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 		}
 	}()
 	return events, nil
+}
+
+// failure says why a generation's context or request ended (cause, naming the engine): the
+// caller's context (its error as it is), the first-byte timer, the generation's timeout, or
+// else a transport failure of class. Call it before cancelling gctx.
+func (h *HTTP) failure(ctx, gctx context.Context, late *atomic.Bool, cause error, class string) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case late.Load():
+		return unavailable(fmt.Errorf("no first byte within %v: %w", h.opts.FirstByteTimeout, cause),
+			"no first byte within %v", h.opts.FirstByteTimeout)
+	case gctx.Err() != nil:
+		return &Error{Class: fmt.Sprintf("generation took longer than %v", h.opts.Timeout), Err: cause}
+	}
+	return unavailable(cause, "%s", class)
 }
 
 // chunk is one streamed completion chunk.
@@ -143,8 +222,9 @@ type chunk struct {
 }
 
 // forward sends every text chunk of an SSE stream as an event (until ctx ends) and returns
-// the final Done event.
-func forward(ctx context.Context, r io.Reader, out chan<- Event) Event {
+// the final Done event; first is called at the first data event. A stream that breaks off is
+// the worker going away (ErrUnavailable); a chunk that does not decode is not.
+func forward(ctx context.Context, r io.Reader, out chan<- Event, first func()) Event {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	done := Event{Done: true}
@@ -153,13 +233,17 @@ func forward(ctx context.Context, r io.Reader, out chan<- Event) Event {
 		if !bytes.HasPrefix(line, []byte("data:")) {
 			continue // comments, event names, blank separators
 		}
+		if first != nil {
+			first()
+			first = nil
+		}
 		data := bytes.TrimSpace(line[len("data:"):])
 		if string(data) == "[DONE]" {
 			return done
 		}
 		var c chunk
 		if err := json.Unmarshal(data, &c); err != nil {
-			done.Err = fmt.Errorf("worker stream: bad chunk: %v", err)
+			done.Err = &Error{Class: "sent a malformed stream", Err: fmt.Errorf("bad chunk: %v", err)}
 			return done
 		}
 		if c.Usage != nil {
@@ -173,6 +257,7 @@ func forward(ctx context.Context, r io.Reader, out chan<- Event) Event {
 				select {
 				case out <- Event{Text: ch.Text, Tokens: 1}:
 				case <-ctx.Done():
+					done.Err = ctx.Err()
 					return done
 				}
 			}
@@ -182,9 +267,9 @@ func forward(ctx context.Context, r io.Reader, out chan<- Event) Event {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		done.Err = fmt.Errorf("worker stream: %w", err)
+		done.Err = unavailable(fmt.Errorf("stream: %w", err), "stream broke off")
 	} else {
-		done.Err = fmt.Errorf("worker stream ended without [DONE]")
+		done.Err = unavailable(errors.New("stream ended without [DONE]"), "stream ended early")
 	}
 	return done
 }

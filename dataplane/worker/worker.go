@@ -2,6 +2,21 @@
 // with the media's placeholder spans and content hashes, the merged embeddings, sampling) and
 // the token events that come back, behind one interface that the in-process mocker fleet and
 // OpenAI-compatible HTTP engines (vLLM) both implement.
+//
+// Beside Worker, two optional interfaces: Prober (Health, the daemon's out-of-band probe; a
+// worker that is not one is always healthy) and Labeled (Label, the name clients read). Files:
+// worker.go (the interfaces, Request, Event, ErrUnavailable, Label), http.go (HTTP: vLLM's
+// streamed /v1/completions and GET /health), errors.go (Error and its classes, Public).
+//
+// HTTP bounds everything: a request's first byte (headers and the first SSE data event) by
+// HTTPOptions.FirstByteTimeout (30s), the whole generation by Timeout (10m), the connection by
+// ConnectTimeout (5s), an error body read to 4 KiB, an SSE line to 16 MiB, response headers to
+// 64 KiB. Its failures are *Error: Class says what happened without an address ("connection
+// refused", "no first byte within 30s", "answered 500 Internal Server Error", "stream broke
+// off"), Err is the whole cause for the logs, and those that say the worker cannot take
+// requests now (unreachable, silent, 429 or 5xx, gone mid-stream) wrap ErrUnavailable: the
+// daemon then takes the worker out of routing until a probe succeeds and retries a request
+// that had no token yet on another worker.
 package worker
 
 import (
@@ -58,6 +73,28 @@ type Worker interface {
 	Generate(ctx context.Context, req *Request) (<-chan Event, error)
 	// Close releases the worker's connections.
 	Close() error
+}
+
+// Prober is a worker that can say whether it is healthy, out of band (the daemon's prober asks
+// every worker that implements it every health interval; a worker that does not is always
+// healthy). Health returns nil when the worker takes requests; ctx bounds the probe.
+type Prober interface {
+	Health(ctx context.Context) error
+}
+
+// Labeled is a worker with a public label, the name client-facing messages give it (an HTTP
+// worker's name is its address, which clients must not see). Label gives it.
+type Labeled interface {
+	Label() string
+}
+
+// Label is the name of w that client-facing messages use: its Label when it has one, else its
+// Name.
+func Label(w Worker) string {
+	if l, ok := w.(Labeled); ok && l.Label() != "" {
+		return l.Label()
+	}
+	return w.Name()
 }
 
 // ErrUnavailable: the worker could not take the request (down, overloaded).

@@ -61,13 +61,16 @@ type Stats struct {
 type Replayer func(from uint64, deliver func(seq uint64, payload []byte)) error
 
 // Engine follows one vLLM event publisher (one data-parallel rank: one KV cache) and keeps its
-// worker's index entries in step. Its methods must be called from one goroutine.
+// worker's index entries in step. Its methods must be called from one goroutine, Forget aside.
 type Engine struct {
 	ix     *index.Index
 	worker index.Worker
 	opts   *Options
 	stats  *Stats
 	hasher *router.Hasher
+
+	// forgotten is set by Forget (any goroutine) and taken by the next Live (the engine's).
+	forgotten atomic.Bool
 
 	haveSeq bool
 	last    uint64 // last applied sequence number
@@ -114,6 +117,9 @@ func (e *Engine) Worker() index.Worker { return e.worker }
 // cannot fill a gap, the engine's state is dropped (lost removals would otherwise leave entries
 // behind that it no longer holds) and the stream continues from this batch.
 func (e *Engine) Live(seq uint64, payload []byte, replay Replayer) {
+	if e.forgotten.Swap(false) {
+		e.reset() // and, having no sequence now, replay from 0 below
+	}
 	switch {
 	case e.haveSeq && seq == e.last+1:
 	case e.haveSeq && seq == e.last:
@@ -170,6 +176,17 @@ func (e *Engine) reset() {
 
 // Close drops the engine's entries from the index (the engine left).
 func (e *Engine) Close() { e.reset() }
+
+// Forget drops the worker's entries from the index now and, at the next batch Live gets, the
+// engine's own state too; that batch then replays the engine's history from 0 (when Live is
+// given a replayer), so the entries come back once the engine publishes again. Unlike the
+// other methods it is safe from any goroutine, while another feeds the engine: the daemon's
+// health prober calls it for a worker that stopped answering. A batch being applied while it
+// runs may leave a few entries behind until that next batch.
+func (e *Engine) Forget() {
+	e.forgotten.Store(true)
+	e.ix.ClearWorker(e.worker)
+}
 
 func (e *Engine) apply(seq uint64, payload []byte) {
 	e.haveSeq, e.last = true, seq

@@ -71,6 +71,18 @@ func (f *Feed) RemoveWorker(name string) error {
 	return f.r.RemoveWorker(name)
 }
 
+// Forget drops a worker's index entries while it stays registered (Engine.Forget: its engine
+// replays them at its next batch), e.g. when the worker stopped answering its health checks. It
+// is safe while another goroutine feeds the worker's engine.
+func (f *Feed) Forget(name string) error {
+	e := f.Engine(name)
+	if e == nil {
+		return &router.ErrUnknownWorker{Name: name}
+	}
+	e.Forget()
+	return nil
+}
+
 // Engine is the engine of the worker with that name, or nil.
 func (f *Feed) Engine(name string) *Engine { return (*f.engines.Load())[name] }
 
