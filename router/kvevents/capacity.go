@@ -52,6 +52,9 @@ type orderEntry struct {
 // never be removed.
 func (e *Engine) SetCapacity(blocks int64) { e.cap.want.Store(max(blocks, 0)) }
 
+// Capacity is the capacity last set (0: none); safe from any goroutine.
+func (e *Engine) Capacity() int64 { return e.cap.want.Load() }
+
 // adoptCap puts the cap asked for by SetCapacity in force.
 func (e *Engine) adoptCap(limit int64) {
 	c := &e.cap
