@@ -78,8 +78,27 @@ func (e *Engine) adoptCap(limit int64) {
 			break
 		}
 		e.evictOldest(t, c.order[t].held-limit)
+		e.shrink(t, ringSize(2*int(min(limit, 1<<40))))
 	}
 	e.ix.SetCapacity(e.worker, limit)
+}
+
+// shrink gives tier t a ring of size (a power of two) if its ring is larger and its live
+// entries fill at most half of it: after a lower capacity, or one that came late.
+func (e *Engine) shrink(t, size int) {
+	o := &e.cap.order[t]
+	if len(o.ring) <= size {
+		return
+	}
+	e.compact(t)
+	if 2*o.n > size || len(o.ring) <= size {
+		return
+	}
+	ring := make([]orderEntry, size)
+	for i := range o.n {
+		ring[i] = o.ring[(o.head+i)&(len(o.ring)-1)]
+	}
+	o.ring, o.head = ring, 0
 }
 
 // orderHeld builds each tier's ring from what the hash map holds, oldest stamp first.
