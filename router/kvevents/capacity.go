@@ -50,14 +50,14 @@ type orderEntry struct {
 // the engine has forgotten (its hash map's generations rolled over while no cap was in force),
 // the worker's view is dropped instead, as after an unrecoverable gap: those entries could
 // never be removed.
-func (e *Engine) SetCapacity(blocks int64) { e.cap.want.Store(max(blocks, 0)) }
+func (e *Engine) SetCapacity(blocks int64) { e.kvcap.want.Store(max(blocks, 0)) }
 
 // Capacity is the capacity last set (0: none); safe from any goroutine.
-func (e *Engine) Capacity() int64 { return e.cap.want.Load() }
+func (e *Engine) Capacity() int64 { return e.kvcap.want.Load() }
 
 // adoptCap puts the cap asked for by SetCapacity in force.
 func (e *Engine) adoptCap(limit int64) {
-	c := &e.cap
+	c := &e.kvcap
 	c.limit = limit
 	if limit == 0 {
 		c.order = nil
@@ -86,7 +86,7 @@ func (e *Engine) adoptCap(limit int64) {
 // shrink gives tier t a ring of size (a power of two) if its ring is larger and its live
 // entries fill at most half of it: after a lower capacity, or one that came late.
 func (e *Engine) shrink(t, size int) {
-	o := &e.cap.order[t]
+	o := &e.kvcap.order[t]
 	if len(o.ring) <= size {
 		return
 	}
@@ -103,7 +103,7 @@ func (e *Engine) shrink(t, size int) {
 
 // orderHeld builds each tier's ring from what the hash map holds, oldest stamp first.
 func (e *Engine) orderHeld() {
-	c := &e.cap
+	c := &e.kvcap
 	c.order = make([]storeOrder, e.ix.Options().Tiers)
 	for t := range c.order {
 		var held []orderEntry
@@ -138,8 +138,8 @@ func (e *Engine) clearView() {
 	e.ix.ClearWorker(e.worker)
 	clear(e.blocks)
 	clear(e.older)
-	for t := range e.cap.order {
-		o := &e.cap.order[t]
+	for t := range e.kvcap.order {
+		o := &e.kvcap.order[t]
 		o.head, o.n, o.held = 0, 0, 0
 	}
 }
@@ -152,7 +152,7 @@ func (e *Engine) live(x orderEntry, t int) (engineBlock, bool) {
 
 // pushOrder records that the engine now holds block eh (with that stamp) on tier t.
 func (e *Engine) pushOrder(t int, eh uint64, stamp uint32) {
-	o := &e.cap.order[t]
+	o := &e.kvcap.order[t]
 	if o.n == len(o.ring) {
 		e.compact(t)
 	}
@@ -164,7 +164,7 @@ func (e *Engine) pushOrder(t int, eh uint64, stamp uint32) {
 // compact drops tier t's stale entries, keeping the order; a ring still more than half full
 // doubles, so compactions cost O(1) amortised per push.
 func (e *Engine) compact(t int) {
-	o := &e.cap.order[t]
+	o := &e.kvcap.order[t]
 	mask := len(o.ring) - 1
 	w := 0
 	for i := range o.n {
@@ -189,9 +189,9 @@ func (e *Engine) evictOldest(t int, k int64) {
 	if k <= 0 {
 		return
 	}
-	o := &e.cap.order[t]
+	o := &e.kvcap.order[t]
 	mask := len(o.ring) - 1
-	keys := e.cap.keys[:0]
+	keys := e.kvcap.keys[:0]
 	for k > 0 && o.n > 0 {
 		x := o.ring[o.head]
 		o.head = (o.head + 1) & mask
@@ -210,16 +210,16 @@ func (e *Engine) evictOldest(t int, k int64) {
 		}
 	}
 	e.stats.Evicted.Add(int64(e.ix.Remove(e.worker, t, keys)))
-	e.cap.keys = keys
+	e.kvcap.keys = keys
 }
 
 // countStored updates the store order for block eh, held on the tiers in had before a store on
 // tier and on b.tiers after it (a moved key can drop other tiers: Index.MoveKey).
 func (e *Engine) countStored(eh uint64, b engineBlock, had uint8, tier int) {
-	for t := range e.cap.order {
+	for t := range e.kvcap.order {
 		switch bit := uint8(1) << t; {
 		case had&bit != 0 && b.tiers&bit == 0:
-			e.cap.order[t].held--
+			e.kvcap.order[t].held--
 		case had&bit == 0 && b.tiers&bit != 0:
 			e.pushOrder(t, eh, b.stamp)
 		}

@@ -214,9 +214,9 @@ func checkCapModel(t *testing.T, ops []byte) {
 		require.Equal(t, want, g.eng.heldHashes(0), "op %d (%d, %d)", i/2, op, arg)
 		require.Equal(t, int64(len(m.order)), g.ix.Held(g.w, 0), "op %d", i/2)
 		require.Equal(t, m.evicted, g.stats.Evicted.Load(), "op %d", i/2)
-		if g.eng.cap.order != nil { // adopted at the first store
-			require.Equal(t, int64(len(m.order)), g.eng.cap.order[0].held, "op %d", i/2)
-			require.LessOrEqual(t, len(g.eng.cap.order[0].ring), 2*ringSize(128+40), "the ring stays O(capacity)")
+		if g.eng.kvcap.order != nil { // adopted at the first store
+			require.Equal(t, int64(len(m.order)), g.eng.kvcap.order[0].held, "op %d", i/2)
+			require.LessOrEqual(t, len(g.eng.kvcap.order[0].ring), 2*ringSize(128+40), "the ring stays O(capacity)")
 		}
 	}
 }
@@ -260,8 +260,8 @@ func TestEngineCapacityTiers(t *testing.T) {
 		}
 		for tier := range 2 {
 			require.LessOrEqual(t, g.ix.Held(g.w, tier), int64(capacity))
-			require.Equal(t, g.ix.Held(g.w, tier), g.eng.cap.order[tier].held)
-			require.Len(t, g.eng.heldHashes(tier), int(g.eng.cap.order[tier].held))
+			require.Equal(t, g.ix.Held(g.w, tier), g.eng.kvcap.order[tier].held)
+			require.Len(t, g.eng.heldHashes(tier), int(g.eng.kvcap.order[tier].held))
 		}
 	}
 	require.Equal(t, int64(capacity), g.ix.Held(g.w, 0))
@@ -290,7 +290,7 @@ func TestEngineCapacityLearnedLate(t *testing.T) {
 		require.Equal(t, 10, g.overlap(p.ours(c), 0))
 	}
 	require.Zero(t, g.overlap(p.ours(chains[40]), 0))
-	require.Equal(t, ringSize(200), len(g.eng.cap.order[0].ring), "the ring built from 500 blocks shrank to the capacity's")
+	require.Equal(t, ringSize(200), len(g.eng.kvcap.order[0].ring), "the ring built from 500 blocks shrank to the capacity's")
 	g.eng.SetCapacity(0)
 	p.store(p.fresh(200), 0, "")
 	require.Equal(t, int64(300), g.ix.Held(g.w, 0), "no cap any more")

@@ -77,8 +77,8 @@ type Engine struct {
 
 	// Engine block hash → our block; two generations bound the memory (see MaxEngineBlocks).
 	blocks, older map[uint64]engineBlock
-	group         int // the attention group routed on; -1 until a store names one
-	cap           capacity
+	group         int      // the attention group routed on; -1 until a store names one
+	kvcap         capacity // the worker's KV capacity and the store order (capacity.go)
 
 	batch Batch
 	seqs  []uint64 // scratch: the sequence hashes of an event's blocks
@@ -238,7 +238,7 @@ func (e *Engine) lookup(h uint64) (engineBlock, bool) {
 }
 
 func (e *Engine) remember(h uint64, b engineBlock) {
-	if _, ok := e.blocks[h]; !ok && e.cap.limit == 0 && len(e.blocks) >= max(e.opts.MaxEngineBlocks/2, 1) {
+	if _, ok := e.blocks[h]; !ok && e.kvcap.limit == 0 && len(e.blocks) >= max(e.opts.MaxEngineBlocks/2, 1) {
 		e.older, e.blocks = e.blocks, e.older
 		clear(e.blocks)
 	}
@@ -252,7 +252,7 @@ func (e *Engine) forget(h uint64) {
 }
 
 func (e *Engine) store(ev *Event, tier int) {
-	if want := e.cap.want.Load(); want != e.cap.limit {
+	if want := e.kvcap.want.Load(); want != e.kvcap.limit {
 		e.adoptCap(want)
 	}
 	bs := e.hasher.BlockSize()
@@ -264,8 +264,8 @@ func (e *Engine) store(ev *Event, tier int) {
 		e.stats.BadEvents.Add(1)
 		return
 	}
-	capped := e.cap.limit > 0
-	if n := int(e.cap.limit); capped && len(ev.Hashes) > n { // only the chain's head fits
+	capped := e.kvcap.limit > 0
+	if n := int(e.kvcap.limit); capped && len(ev.Hashes) > n { // only the chain's head fits
 		ev.Hashes, ev.Tokens = ev.Hashes[:n], ev.Tokens[:n*bs]
 		if len(ev.Extra) > 0 {
 			ev.Extra = ev.Extra[:n]
@@ -299,8 +299,8 @@ func (e *Engine) store(ev *Event, tier int) {
 		parent = h
 		e.seqs = append(e.seqs, h)
 	}
-	if capped { // make room first: past the cap, the index's own eviction would pick at random
-		e.evictOldest(tier, e.cap.order[tier].held+int64(len(ev.Hashes))-e.cap.limit)
+	if capped { // make room first: past its cap the index would evict in table order
+		e.evictOldest(tier, e.kvcap.order[tier].held+int64(len(ev.Hashes))-e.kvcap.limit)
 	}
 	e.keys = slices.Grow(e.keys[:0], len(e.seqs))[:len(e.seqs)]
 	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, parentKey, e.seqs, e.keys)))
@@ -317,8 +317,8 @@ func (e *Engine) store(ev *Event, tier int) {
 			b.tiers = e.ix.MoveKey(e.worker, b.tiers, b.key, pk, e.seqs[i], e.keys[i], tier)
 		}
 		if had == 0 {
-			b.stamp = e.cap.stamp
-			e.cap.stamp++
+			b.stamp = e.kvcap.stamp
+			e.kvcap.stamp++
 		}
 		b.seq, b.key, b.seed, b.tiers = e.seqs[i], e.keys[i], seed, b.tiers|1<<tier
 		e.remember(eh, b)
@@ -337,8 +337,8 @@ func (e *Engine) remove(ev *Event, tier int) {
 			continue
 		}
 		e.keys = append(e.keys, b.key)
-		if e.cap.limit > 0 {
-			e.cap.order[tier].held--
+		if e.kvcap.limit > 0 {
+			e.kvcap.order[tier].held--
 		}
 		if b.tiers &^= 1 << tier; b.tiers == 0 {
 			e.forget(eh)
