@@ -61,7 +61,7 @@ var routerFamilies = []string{
 	"dataplane_router_decisions_total{} counter Routing decisions made.",
 	"dataplane_router_index_blocks{} gauge Distinct KV blocks in the index (its nodes).",
 	"dataplane_router_index_entries{} gauge (block, worker, tier) entries in the index.",
-	"dataplane_router_kv_blocks_total{op} counter Index entries added or removed by KV events.",
+	"dataplane_router_kv_blocks_total{op} counter Index entries added or removed by KV events, or evicted to keep a worker within its KV capacity.",
 	"dataplane_router_kv_events_total{outcome} counter KV events and batches by outcome.",
 	"dataplane_router_kv_stream_total{incident} counter Event stream incidents.",
 	"dataplane_router_requests_in_flight{} gauge Requests tracked by the slot tracker.",

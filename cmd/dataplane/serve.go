@@ -94,6 +94,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&so.HealthTimeout, "worker-health-timeout", so.HealthTimeout, "how long one health probe may take")
 	fs.IntVar(&so.HealthFailures, "worker-health-failures", so.HealthFailures, "failed probes in a row that take a worker out of routing and its blocks out of the index")
 	fs.IntVar(&so.Router.BlockSize, "block-size", so.Router.BlockSize, "the engines' KV block size")
+	fs.Int64Var(&so.Router.Capacity, "kv-blocks", 0, "each worker's KV cache size in blocks: the router keeps at most that many of its blocks, the oldest stored evicted first (0: learn it from each http:// engine's /metrics; mock engines: their own)")
 	fs.Float64Var(&so.Router.Temperature, "router-temperature", so.Router.Temperature, "0: the cheapest worker; > 0: softmax over costs")
 	fs.Float64Var(&so.Router.OverlapWeight, "overlap-weight", so.Router.OverlapWeight, "weight of uncached prefill blocks against decode load")
 	// Features and encoding.
@@ -347,6 +348,13 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 			log.Warn("no KV events for a worker: routing sees its load but not its cache", "worker", w.Name())
 			continue
 		}
+		if svc.Router().Options().Capacity == 0 { // no --kv-blocks: ask the engine
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				learnKVCapacity(subCtx, svc.Feed(), w.Name(), url, 5*time.Second, log)
+			}()
+		}
 		zo := kvevents.DefaultZMQOptions(p.events[i], "")
 		if i < len(p.replays) {
 			zo.Replay = p.replays[i]
@@ -423,6 +431,7 @@ func addMockFleet(ctx context.Context, wg *sync.WaitGroup, svc *dataplane.Servic
 			return err
 		}
 		feeds[w.Name()] = engine
+		engine.SetCapacity(int64(fo.Engine.Blocks)) // the index never holds more than the engine
 	}
 	wg.Add(1)
 	go func() {

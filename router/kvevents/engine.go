@@ -15,8 +15,10 @@ type Options struct {
 	// counted. An event without a medium counts as "GPU". Default {"GPU": 0}.
 	Media map[string]int
 	// MaxEngineBlocks bounds the engine-hash → router-hash map kept per engine (needed to resolve
-	// parents and removals). Past it the oldest half is forgotten: later removals of those blocks
-	// cannot be resolved, and the index's per-worker cap has to reclaim them. Default 1<<20.
+	// parents and removals) while the engine has no capacity (Engine.SetCapacity). Past it the
+	// oldest half is forgotten: later removals of those blocks cannot be resolved, and the
+	// index's per-worker cap has to reclaim them. Under a capacity the map holds only what the
+	// engine holds, at most the capacity per tier. Default 1<<20.
 	MaxEngineBlocks int
 }
 
@@ -47,6 +49,7 @@ type Stats struct {
 	UnknownBlocks  atomic.Int64 // removed blocks the router never saw
 	BlocksStored   atomic.Int64
 	BlocksRemoved  atomic.Int64
+	Evicted        atomic.Int64 // index entries dropped to keep a worker within its capacity (Engine.SetCapacity)
 	Clears         atomic.Int64 // AllBlocksCleared
 	Duplicates     atomic.Int64 // batches seen twice (same seq): ignored
 	Gaps           atomic.Int64 // sequence gaps detected
@@ -77,7 +80,8 @@ type Engine struct {
 
 	// Engine block hash → our block; two generations bound the memory (see MaxEngineBlocks).
 	blocks, older map[uint64]engineBlock
-	group         int // the attention group routed on; -1 until a store names one
+	group         int      // the attention group routed on; -1 until a store names one
+	kvcap         capacity // the worker's KV capacity and the store order (capacity.go)
 
 	batch Batch
 	seqs  []uint64 // scratch: the sequence hashes of an event's blocks
@@ -88,6 +92,7 @@ type engineBlock struct {
 	seq   uint64 // our sequence hash
 	key   uint64 // its index key (router/index: keys.go)
 	seed  uint64 // the seed its sequence was hashed with (LoRA and salt mixed in)
+	stamp uint32 // when the engine came to hold it, in stores (capacity.go)
 	tiers uint8  // tiers the engine holds it on
 }
 
@@ -167,9 +172,7 @@ func (e *Engine) catchUp(from, upTo uint64, replay Replayer) {
 
 // reset drops everything the engine holds: its index entries and its hash map.
 func (e *Engine) reset() {
-	e.ix.ClearWorker(e.worker)
-	clear(e.blocks)
-	clear(e.older)
+	e.clearView()
 	e.haveSeq = false
 	e.group = -1
 }
@@ -252,7 +255,7 @@ func (e *Engine) lookup(h uint64) (engineBlock, bool) {
 }
 
 func (e *Engine) remember(h uint64, b engineBlock) {
-	if _, ok := e.blocks[h]; !ok && len(e.blocks) >= max(e.opts.MaxEngineBlocks/2, 1) {
+	if _, ok := e.blocks[h]; !ok && e.kvcap.limit == 0 && len(e.blocks) >= max(e.opts.MaxEngineBlocks/2, 1) {
 		e.older, e.blocks = e.blocks, e.older
 		clear(e.blocks)
 	}
@@ -266,6 +269,9 @@ func (e *Engine) forget(h uint64) {
 }
 
 func (e *Engine) store(ev *Event, tier int) {
+	if want := e.kvcap.want.Load(); want != e.kvcap.limit {
+		e.adoptCap(want)
+	}
 	bs := e.hasher.BlockSize()
 	if ev.BlockSize != 0 && ev.BlockSize != bs {
 		e.stats.SizeMismatch.Add(1)
@@ -274,6 +280,13 @@ func (e *Engine) store(ev *Event, tier int) {
 	if len(ev.Tokens) != len(ev.Hashes)*bs || (len(ev.Extra) != 0 && len(ev.Extra) != len(ev.Hashes)) {
 		e.stats.BadEvents.Add(1)
 		return
+	}
+	capped := e.kvcap.limit > 0
+	if n := int(e.kvcap.limit); capped && len(ev.Hashes) > n { // only the chain's head fits
+		ev.Hashes, ev.Tokens = ev.Hashes[:n], ev.Tokens[:n*bs]
+		if len(ev.Extra) > 0 {
+			ev.Extra = ev.Extra[:n]
+		}
 	}
 	var parent, parentKey, seed uint64
 	if ev.HasParent {
@@ -303,10 +316,16 @@ func (e *Engine) store(ev *Event, tier int) {
 		parent = h
 		e.seqs = append(e.seqs, h)
 	}
+	if capped { // make room first: past its cap the index would evict in table order
+		e.evictOldest(tier, e.kvcap.order[tier].held+int64(len(ev.Hashes))-e.kvcap.limit)
+	}
 	e.keys = slices.Grow(e.keys[:0], len(e.seqs))[:len(e.seqs)]
 	e.stats.BlocksStored.Add(int64(e.ix.Store(e.worker, tier, parentKey, e.seqs, e.keys)))
-	for i, eh := range ev.Hashes {
+	// Tail first: the order of storing is the order of eviction (capacity.go).
+	for i := len(ev.Hashes) - 1; i >= 0; i-- {
+		eh := ev.Hashes[i]
 		b, known := e.lookup(eh)
+		had := b.tiers
 		if known && b.tiers != 0 && b.key != e.keys[i] {
 			pk := parentKey
 			if i > 0 {
@@ -314,8 +333,15 @@ func (e *Engine) store(ev *Event, tier int) {
 			}
 			b.tiers = e.ix.MoveKey(e.worker, b.tiers, b.key, pk, e.seqs[i], e.keys[i], tier)
 		}
+		if had == 0 {
+			b.stamp = e.kvcap.stamp
+			e.kvcap.stamp++
+		}
 		b.seq, b.key, b.seed, b.tiers = e.seqs[i], e.keys[i], seed, b.tiers|1<<tier
 		e.remember(eh, b)
+		if capped {
+			e.countStored(eh, b, had, tier)
+		}
 	}
 }
 
@@ -328,6 +354,9 @@ func (e *Engine) remove(ev *Event, tier int) {
 			continue
 		}
 		e.keys = append(e.keys, b.key)
+		if e.kvcap.limit > 0 {
+			e.kvcap.order[tier].held--
+		}
 		if b.tiers &^= 1 << tier; b.tiers == 0 {
 			e.forget(eh)
 		} else {

@@ -6,6 +6,7 @@
 package kvevents
 
 import (
+	"fmt"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,8 @@ func NewFeed(r *router.Router, opts Options) (*Feed, error) {
 }
 
 // AddWorker registers a healthy worker with the router and returns the engine that keeps its
-// index entries from its KV events (feed it with Engine.Live, or hand it to SubscribeZMQ).
+// index entries from its KV events (feed it with Engine.Live, or hand it to SubscribeZMQ). The
+// engine's capacity is the router's Options.Capacity until SetCapacity says otherwise.
 func (f *Feed) AddWorker(name string) (*Engine, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -51,10 +53,28 @@ func (f *Feed) AddWorker(name string) (*Engine, error) {
 		_ = f.r.RemoveWorker(name) // just added: cannot fail
 		return nil, err
 	}
+	eng.SetCapacity(f.r.Options().Capacity)
 	next := maps.Clone(*f.engines.Load())
 	next[name] = eng
 	f.engines.Store(&next)
 	return eng, nil
+}
+
+// SetCapacity sets the KV capacity of a worker's engine, in blocks (0: none; an engine's
+// configured or reported block count): its engine keeps at most that many blocks per tier in
+// the index, evicting the oldest it stored first, and the router's index cap for the worker
+// (the backstop) follows. Safe from any goroutine; it takes effect in the engine's goroutine at
+// its next stored block (Engine.SetCapacity).
+func (f *Feed) SetCapacity(name string, blocks int64) error {
+	if blocks < 0 {
+		return fmt.Errorf("kv capacity of worker %q: %d blocks", name, blocks)
+	}
+	e := f.Engine(name)
+	if e == nil {
+		return &router.ErrUnknownWorker{Name: name}
+	}
+	e.SetCapacity(blocks)
+	return nil
 }
 
 // RemoveWorker forgets a worker: its engine, and in the router its index entries and its

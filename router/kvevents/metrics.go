@@ -18,7 +18,7 @@ func NewCollector(f *Feed) *Collector {
 	return &Collector{
 		s:      &f.stats,
 		events: d("kv_events_total", "KV events and batches by outcome.", "outcome"),
-		blocks: d("kv_blocks_total", "Index entries added or removed by KV events.", "op"),
+		blocks: d("kv_blocks_total", "Index entries added or removed by KV events, or evicted to keep a worker within its KV capacity.", "op"),
 		stream: d("kv_stream_total", "Event stream incidents.", "incident"),
 	}
 }
@@ -47,6 +47,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	n(c.events, s.Clears.Load(), "all_blocks_cleared")
 	n(c.blocks, s.BlocksStored.Load(), "stored")
 	n(c.blocks, s.BlocksRemoved.Load(), "removed")
+	n(c.blocks, s.Evicted.Load(), "evicted")
 	n(c.stream, s.Duplicates.Load(), "duplicate")
 	n(c.stream, s.Gaps.Load(), "gap")
 	n(c.stream, s.Replayed.Load(), "replayed_batch")
