@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -164,4 +165,37 @@ func TestServeDrainEndsStreamsWithinTheTimeout(t *testing.T) {
 		require.Contains(t, last, `data: {"error":`, "a cut stream's last event")
 		require.Contains(t, last, "shutting down")
 	}
+}
+
+// Connections that send their headers a byte at a time can take every one of --max-conns;
+// probes and metrics still answer on --admin-listen (on the API listener the orchestrator
+// would see a 503 and kill a healthy daemon).
+func TestAdminListenerAnswersWhenConnectionsRunOut(t *testing.T) {
+	m, _ := startCommand(t, []string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--max-conns", "4",
+		"--header-timeout", "30s"}, regexp.MustCompile(`listen=(127\.0\.0\.1:\d+) admin_listen=(127\.0\.0\.1:\d+)`))
+	api, admin := m[0][1], m[0][2]
+	for range 4 {
+		c, err := net.Dial("tcp", api)
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = c.Write([]byte("GET /healthz HTTP/1.1\r\nHo"))
+		require.NoError(t, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	client := &http.Client{Timeout: 5 * time.Second}
+	if resp, err := client.Get("http://" + api + "/healthz"); err == nil {
+		resp.Body.Close()
+		require.NotEqual(t, 200, resp.StatusCode, "the API listener had a connection to spare")
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := client.Get("http://" + admin + path)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode, "%s: %s", path, body)
+	}
+	resp, err := client.Get("http://" + admin + "/v1/models")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 404, resp.StatusCode, "the admin listener serves no API")
 }

@@ -10,6 +10,7 @@ import (
 
 	"dataplane/dataplane"
 	"dataplane/dataplane/encoderpool"
+	"dataplane/dataplane/media"
 	"dataplane/dataplane/media/fetch"
 	"dataplane/dataplane/memory"
 	"dataplane/dataplane/openai"
@@ -98,7 +99,7 @@ func ErrorOf(err error) *Error {
 		out.Status, out.Type = http.StatusGatewayTimeout, "timeout_error"
 	case errors.Is(err, fetch.ErrForbidden):
 		out.Status, out.Type = http.StatusForbidden, "invalid_request_error"
-	case errors.Is(err, fetch.ErrTooLarge):
+	case errors.Is(err, fetch.ErrTooLarge), errors.Is(err, media.ErrTooLarge):
 		out.Status, out.Type = http.StatusRequestEntityTooLarge, "invalid_request_error"
 	case errors.Is(err, fetch.ErrUpstream):
 		out.Status, out.Type = http.StatusBadGateway, "upstream_error"

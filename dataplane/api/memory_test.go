@@ -154,3 +154,17 @@ func postRaw(t *testing.T, url string, body []byte) rawResponse {
 	b, _ := io.ReadAll(resp.Body)
 	return rawResponse{code: resp.StatusCode, body: string(b), retryAfter: resp.Header.Get("Retry-After")}
 }
+
+// A media item over --max-media-bytes is 413 however it comes: a data: URL, inline data.
+func TestMediaOverTheLimitIs413(t *testing.T) {
+	d := startDaemon(t, func(o *dataplane.ServiceOptions) { o.MaxMediaBytes = 1000 })
+	big := randomPNG(t, 970) // 64x48 random pixels: about 9 KB
+	code, out := d.post(t, "/v1/chat/completions", chatBody(1, imagePart(big)))
+	require.Equal(t, 413, code, "%v", out)
+	msg, param := apiError(t, out)
+	require.Equal(t, "messages[0].content[0]", param)
+	require.Contains(t, msg, "--max-media-bytes")
+	code, out = d.post(t, "/v1/pretokenized", map[string]any{"token_ids": []int{1, 2}, "max_tokens": 1,
+		"media": []any{map[string]any{"modality": "image", "data": strings.TrimPrefix(big, "data:image/png;base64,")}}})
+	require.Equal(t, 413, code, "%v", out)
+}

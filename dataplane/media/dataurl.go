@@ -15,13 +15,23 @@ var ErrDataURL = errors.New("bad data URL")
 type DataURLError struct {
 	Offset int
 	Msg    string
+	// TooLarge: the data is over the limit (the rest are malformed URLs).
+	TooLarge bool
 }
 
 func (e *DataURLError) Error() string {
 	return fmt.Sprintf("media: data URL: %s (at byte %d): %v", e.Msg, e.Offset, ErrDataURL)
 }
 
-func (e *DataURLError) Unwrap() error { return ErrDataURL }
+func (e *DataURLError) Unwrap() []error {
+	if e.TooLarge {
+		return []error{ErrDataURL, ErrTooLarge}
+	}
+	return []error{ErrDataURL}
+}
+
+// ErrTooLarge is what a data URL over its limit wraps (a 413, where a malformed one is a 400).
+var ErrTooLarge = errors.New("media larger than the limit")
 
 // DataURL is a parsed RFC 2397 URL: data:[<media type>][;base64],<data>.
 type DataURL struct {
@@ -44,6 +54,9 @@ func (d *DataURL) Modality() sequence.Modality {
 func ParseDataURL(s string, maxBytes int) (*DataURL, error) {
 	bad := func(at int, format string, args ...any) (*DataURL, error) {
 		return nil, &DataURLError{Offset: at, Msg: fmt.Sprintf(format, args...)}
+	}
+	tooLarge := func(at int, format string, args ...any) (*DataURL, error) {
+		return nil, &DataURLError{Offset: at, Msg: fmt.Sprintf(format, args...) + " (--max-media-bytes)", TooLarge: true}
 	}
 	const scheme = "data:"
 	if len(s) < len(scheme) || !strings.EqualFold(s[:len(scheme)], scheme) {
@@ -83,7 +96,7 @@ func ParseDataURL(s string, maxBytes int) (*DataURL, error) {
 	body := s[comma+1:]
 	if d.Base64 {
 		if max := (maxBytes + 2) / 3 * 4; len(body) > max+3 { // +3: tolerate stray padding
-			return bad(comma+1, "%d base64 characters decode to more than %d bytes", len(body), maxBytes)
+			return tooLarge(comma+1, "%d base64 characters decode to more than %d bytes", len(body), maxBytes)
 		}
 		enc := base64.StdEncoding
 		if strings.ContainsAny(body, "-_") {
@@ -100,13 +113,13 @@ func ParseDataURL(s string, maxBytes int) (*DataURL, error) {
 			return bad(comma+1+off, "bad base64: %v", err)
 		}
 		if len(data) > maxBytes {
-			return bad(comma+1, "%d bytes, limit %d", len(data), maxBytes)
+			return tooLarge(comma+1, "%d bytes, limit %d", len(data), maxBytes)
 		}
 		d.Data = data
 		return d, nil
 	}
 	if len(body) > 3*maxBytes {
-		return bad(comma+1, "data longer than %d bytes", maxBytes)
+		return tooLarge(comma+1, "data longer than %d bytes", maxBytes)
 	}
 	data := make([]byte, 0, min(len(body), maxBytes))
 	for i := 0; i < len(body); i++ {
@@ -119,7 +132,7 @@ func ParseDataURL(s string, maxBytes int) (*DataURL, error) {
 			i += 2
 		}
 		if len(data) == maxBytes {
-			return bad(comma+1+i, "more than %d bytes", maxBytes)
+			return tooLarge(comma+1+i, "more than %d bytes", maxBytes)
 		}
 		data = append(data, c)
 	}
