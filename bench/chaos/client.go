@@ -109,6 +109,28 @@ func (t *trial) post(ctx context.Context, base, path string, body []byte, timeou
 	return r
 }
 
+// probe sends a GET on a connection of its own (no pooled keep-alive connection, which a
+// daemon out of connection slots would still serve) and does not count it.
+func (t *trial) probe(ctx context.Context, url string, timeout time.Duration) result {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return result{kind: "error", err: err}
+	}
+	req.Close = true
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{Timeout: timeout}).DialContext}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return classify(ctx, err, time.Since(start))
+	}
+	defer resp.Body.Close()
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	return result{status: resp.StatusCode, header: resp.Header, body: head, took: time.Since(start)}
+}
+
 // get sends a GET and does not count it.
 func (t *trial) get(ctx context.Context, url string, timeout time.Duration) result {
 	return t.do(ctx, http.MethodGet, url, nil, timeout)
@@ -122,6 +144,7 @@ type stream struct {
 	done     bool   // it ended with data: [DONE]
 	errEvent bool   // its last event was an error, {"error": ...}
 	firstAt  time.Duration
+	endedAt  time.Time // when the connection closed (or the request failed)
 }
 
 // openStream sends a streamed request; first is closed when the first data event arrived (or
@@ -140,7 +163,7 @@ func (t *trial) openStream(ctx context.Context, url string, body []byte, timeout
 				close(first)
 			}
 		}
-		defer func() { signal(); out <- s }()
+		defer func() { s.endedAt = time.Now(); signal(); out <- s }()
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 		if err != nil {
 			s.result = result{kind: "error", err: err}

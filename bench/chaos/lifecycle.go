@@ -59,7 +59,7 @@ func sigtermDrain(ctx context.Context, t *trial) {
 		took = d.exitedAt.Sub(sent)
 		d.mu.Unlock()
 		t.mu.Lock()
-		t.row.LongestWait, t.row.AliveNote = took, d.exitText()+" after SIGTERM, as asked"
+		t.row.LongestWait, t.row.AliveNote = took, d.exitText()+" after SIGTERM"
 		t.mu.Unlock()
 		t.note("%s %s after SIGTERM", d.exitText(), formatDuration(took))
 		if d.exitText() != "exit 0" {
@@ -76,6 +76,7 @@ func sigtermDrain(ctx context.Context, t *trial) {
 		d.kill()
 	}
 	finished, errEvents, cut := 0, 0, 0
+	var first, last time.Duration
 	for _, e := range ends {
 		var s stream
 		select {
@@ -86,6 +87,13 @@ func sigtermDrain(ctx context.Context, t *trial) {
 		t.mu.Lock()
 		t.row.Statuses[s.key()]++
 		t.mu.Unlock()
+		if !s.endedAt.IsZero() {
+			at := s.endedAt.Sub(sent)
+			if first == 0 || at < first {
+				first = at
+			}
+			last = max(last, at)
+		}
 		switch {
 		case s.done:
 			finished++
@@ -95,7 +103,8 @@ func sigtermDrain(ctx context.Context, t *trial) {
 			cut++
 		}
 	}
-	t.note("streams: %d finished, %d ended with an error event, %d cut without one", finished, errEvents, cut)
+	t.note("streams: %d finished, %d ended with an error event, %d cut without one; they ended %s to %s after SIGTERM",
+		finished, errEvents, cut, formatDuration(first), formatDuration(last))
 	if cut > 0 {
 		t.fail("%d of %d streams cut without an error event", cut, streams)
 	}
@@ -115,6 +124,8 @@ func slowHeaders(ctx context.Context, t *trial) {
 		t.setup(err)
 		return
 	}
+	t.client.CloseIdleConnections() // a pooled connection would hold a slot, and dodge the test
+	sleep(ctx, 300*time.Millisecond) // for the daemon to see it close
 	stop := make(chan struct{})
 	var held []net.Conn
 	t.onCleanup(func() {
@@ -154,11 +165,14 @@ func slowHeaders(ctx context.Context, t *trial) {
 		probe = d.base
 		t.note("no admin listener: probes went to the API listener")
 	}
-	h := t.do(ctx, http.MethodGet, probe+"/healthz", nil, probeTimeout)
-	m := t.do(ctx, http.MethodGet, probe+"/metrics", nil, probeTimeout)
+	// Each probe on its own connection, with a pause for the daemon to see the last one close.
+	h := t.probe(ctx, probe+"/healthz", probeTimeout)
+	sleep(ctx, 300*time.Millisecond)
+	m := t.probe(ctx, probe+"/metrics", probeTimeout)
+	sleep(ctx, 300*time.Millisecond)
 	t.count(h)
 	t.count(m)
-	api := t.get(ctx, d.base+"/healthz", probeTimeout)
+	api := t.probe(ctx, d.base+"/healthz", probeTimeout)
 	open := 0
 	for _, c := range held {
 		if !closedByPeer(c, 10*time.Millisecond) {

@@ -117,7 +117,9 @@ func hugeFrames(ctx context.Context, t *trial) {
 	t.note("15 pictures of %dx%d, %.1f MB of PNG, body %.1f MB", hugeSide, hugeSide, float64(15*len(huge))/1e6, float64(len(body))/1e6)
 	t.timeout("item-timeout", itemTimeout)
 	r := t.post(ctx, d.base, chatPath, body, itemTimeout+15*time.Second)
-	if r.status != 0 {
+	if r.status == 200 {
+		t.note("answer 200 in %s", formatDuration(r.took))
+	} else if r.status != 0 {
 		t.note("answer %d in %s: %.120s", r.status, formatDuration(r.took), r.message())
 	}
 	switch {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,6 +47,12 @@ func benchChaos(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		o.Binary = exe
 	}
 	o.Scenarios = splitList(*only)
+	for _, name := range o.Scenarios {
+		if !slices.ContainsFunc(chaos.Names(), func(s [2]string) bool { return s[0] == name }) {
+			fmt.Fprintf(stderr, "bench chaos: no scenario %q (dataplane bench chaos -h lists them)\n", name)
+			return errUsage
+		}
+	}
 	o.Progress = stderr
 	start := time.Now()
 	rows, err := chaos.Run(ctx, o)
