@@ -124,7 +124,7 @@ func slowHeaders(ctx context.Context, t *trial) {
 		t.setup(err)
 		return
 	}
-	t.client.CloseIdleConnections() // a pooled connection would hold a slot, and dodge the test
+	t.client.CloseIdleConnections()  // a pooled connection would hold a slot, and dodge the test
 	sleep(ctx, 300*time.Millisecond) // for the daemon to see it close
 	stop := make(chan struct{})
 	var held []net.Conn
