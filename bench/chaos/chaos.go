@@ -243,6 +243,11 @@ func (h *harness) runOne(parent context.Context, s scenario, limit time.Duration
 		}
 	}
 	cancel()
+	if parent.Err() != nil {
+		t.mu.Lock()
+		t.row.Failures = append([]string{"interrupted: what follows is partial"}, t.row.Failures...)
+		t.mu.Unlock()
+	}
 	t.runCleanups()
 	t.measure(parent)
 	t.killAll()
@@ -402,8 +407,8 @@ func (t *trial) killAll() {
 	}
 }
 
-// start runs one child process of the trial.
-func (t *trial) start(name string, args []string) (*proc, error) {
+// start runs one child process of the trial; marker picks its log line with listen=.
+func (t *trial) start(name string, args []string, marker string) (*proc, error) {
 	var logFile io.Writer
 	if t.h.o.LogDir != "" {
 		f, err := os.Create(filepath.Join(t.h.o.LogDir, t.s.name+"."+name+".log"))
@@ -413,7 +418,7 @@ func (t *trial) start(name string, args []string) (*proc, error) {
 		t.onCleanup(func() { f.Close() })
 		logFile = syncWriter{f: f}
 	}
-	p, err := startProc(name, t.h.o.Binary, args, logFile)
+	p, err := startProc(name, t.h.o.Binary, args, marker, logFile)
 	if err != nil {
 		return nil, err
 	}
@@ -445,7 +450,7 @@ func (t *trial) startServe(ctx context.Context, flags ...string) (*daemon, error
 		}
 		args = append(args, f)
 	}
-	p, err := t.start("serve", args)
+	p, err := t.start("serve", args, `msg="dataplane starting"`)
 	if err != nil {
 		return nil, err
 	}
@@ -470,7 +475,7 @@ func (t *trial) startServe(ctx context.Context, flags ...string) (*daemon, error
 // returns it with its base URL once /healthz answers.
 func (t *trial) startMock(ctx context.Context, name string, flags ...string) (*proc, string, error) {
 	args := append([]string{"mock", "--engines=1", "--listen=127.0.0.1:0", "--stats-every=0", "--kv-events=none"}, flags...)
-	p, err := t.start(name, args)
+	p, err := t.start(name, args, "msg=serving")
 	if err != nil {
 		return nil, "", err
 	}

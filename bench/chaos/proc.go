@@ -28,9 +28,10 @@ type proc struct {
 	pid  int
 
 	mu    sync.Mutex
-	lines []string // the last maxLines lines of stdout and stderr
-	addr  string   // the first listen=HOST:PORT it logged
-	got   chan struct{}
+	lines  []string // the last maxLines lines of stdout and stderr
+	marker string   // the log line that says where it listens contains this
+	addr   string   // the listen=HOST:PORT of the first line with the marker
+	got    chan struct{}
 
 	done     chan struct{} // closed when it exited
 	code     int           // exit status; -1 when a signal ended it
@@ -43,8 +44,9 @@ const maxLines = 200
 var listenRE = regexp.MustCompile(`\blisten=(\S+:\d+)`)
 
 // startProc runs bin with args, environment variables DATAPLANE_* removed (so the caller's
-// settings cannot change what a scenario runs). Its output also goes to logFile when not nil.
-func startProc(name, bin string, args []string, logFile io.Writer) (*proc, error) {
+// settings cannot change what a scenario runs). Its address is the listen= of the first line
+// of its output that contains marker. Its output also goes to logFile when not nil.
+func startProc(name, bin string, args []string, marker string, logFile io.Writer) (*proc, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -60,7 +62,7 @@ func startProc(name, bin string, args []string, logFile io.Writer) (*proc, error
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	w.Close()
-	p := &proc{name: name, cmd: cmd, pid: cmd.Process.Pid, got: make(chan struct{}), done: make(chan struct{})}
+	p := &proc{name: name, cmd: cmd, pid: cmd.Process.Pid, marker: marker, got: make(chan struct{}), done: make(chan struct{})}
 	go p.read(r, logFile)
 	go func() {
 		err := cmd.Wait()
@@ -101,7 +103,7 @@ func (p *proc) read(r *os.File, logFile io.Writer) {
 				line = line[:2000] + "…"
 			}
 			p.mu.Lock()
-			if p.addr == "" {
+			if p.addr == "" && strings.Contains(line, p.marker) {
 				if m := listenRE.FindStringSubmatch(line); m != nil {
 					p.addr = m[1]
 					close(p.got)
