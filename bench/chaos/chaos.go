@@ -313,7 +313,7 @@ func (t *trial) readFeatures(ctx context.Context, d *daemon) {
 		} else {
 			used, okU := m.get("dataplane_features_pool_bytes", "pool", "host", "use", "used")
 			res, okR := m.get("dataplane_features_pool_bytes", "pool", "host", "use", "reserved")
-			t.row.FeaturesRead = okU && okR
+			t.row.FeaturesRead, t.row.FeaturesNote = okU && okR, ""
 			t.row.FeaturesUsed, t.row.FeaturesReserved = int64(used), int64(res)
 			if !t.row.FeaturesRead {
 				t.row.FeaturesNote = "no dataplane_features_pool_bytes{pool=\"host\"}"

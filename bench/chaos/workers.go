@@ -73,7 +73,7 @@ func workerStopped(ctx context.Context, t *trial) {
 		})
 	}
 	sleep(ctx, 5*time.Second)
-	ready := t.get(ctx, d.probeBase()+"/readyz", 2*time.Second)
+	ready := t.get(ctx, d.base+"/readyz", 2*time.Second)
 	wg.Wait()
 	_ = mocks[0].signalGroup(syscall.SIGCONT)
 	t.note("/readyz with one worker stopped: %s; client timeout %s", ready.key(), formatDuration(clientTimeout))
@@ -103,7 +103,7 @@ func workersKilled(ctx context.Context, t *trial) {
 	killed := time.Now()
 	ready, readyAfter := result{}, time.Duration(0)
 	for time.Since(killed) < 5*time.Second && ctx.Err() == nil {
-		ready = t.get(ctx, d.probeBase()+"/readyz", 2*time.Second)
+		ready = t.get(ctx, d.base+"/readyz", 2*time.Second)
 		if ready.status == http.StatusServiceUnavailable {
 			readyAfter = time.Since(killed)
 			break
