@@ -290,10 +290,11 @@ func (t *trial) measure(ctx context.Context) {
 	switch {
 	case t.s.exits:
 		t.row.FeaturesNote = "daemon exited"
+	case d.exited() && d.mem.killedAt.Load() > 0:
+		t.row.AliveNote, t.row.FeaturesNote = "killed by the harness", "daemon killed"
 	case d.exited():
-		t.row.AliveNote = d.exitText()
-		t.row.FeaturesNote = "daemon exited"
-		t.row.Failures = append(t.row.Failures, "daemon died ("+d.exitText()+": "+d.tail(2)+")")
+		t.row.AliveNote, t.row.FeaturesNote = d.exitText(), "daemon exited"
+		t.row.Failures = append(t.row.Failures, "daemon died ("+d.exitText()+": "+d.tail(1)+")")
 	case !t.row.Alive:
 		t.row.Failures = append(t.row.Failures, "daemon not healthy ("+t.row.AliveNote+")")
 	case t.row.FeaturesRead && (t.row.FeaturesUsed != 0 || t.row.FeaturesReserved != 0):

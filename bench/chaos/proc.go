@@ -140,12 +140,18 @@ func (p *proc) waitAddr(ctx context.Context, timeout time.Duration) (string, err
 	}
 }
 
-// tail returns the last n lines of the output, joined by " | ".
+// tail returns the last n lines of the output, each cut at 200 bytes, joined by " | ".
 func (p *proc) tail(n int) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	l := p.lines[max(0, len(p.lines)-n):]
-	return strings.Join(l, " | ")
+	var out []string
+	for _, l := range p.lines[max(0, len(p.lines)-n):] {
+		if len(l) > 200 {
+			l = l[:200] + "…"
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, " | ")
 }
 
 func (p *proc) exited() bool {
