@@ -187,6 +187,7 @@ type trial struct {
 	procs    []*proc
 	serve    *daemon // the serve process under test (the first started)
 	cleanups []func()
+	firstErr map[string]string // kind ("error", "timeout") → the first such error a client saw
 }
 
 // daemon is a running serve process.
@@ -254,6 +255,9 @@ func (h *harness) runOne(parent context.Context, s scenario, limit time.Duration
 	t.client.CloseIdleConnections()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	for _, kind := range slices.Sorted(maps.Keys(t.firstErr)) {
+		t.row.Notes = append(t.row.Notes, fmt.Sprintf("first %s: %.220s", kind, t.firstErr[kind]))
+	}
 	t.row.Took = time.Since(start)
 	return t.row
 }
@@ -361,12 +365,21 @@ func (t *trial) note(format string, a ...any) {
 	t.row.Notes = append(t.row.Notes, fmt.Sprintf(format, a...))
 }
 
-// count records a client request's answer in the statuses and the longest wait.
+// count records a client request's answer in the statuses and the longest wait, and the
+// first error of each kind a client saw.
 func (t *trial) count(r result) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.row.Statuses[r.key()]++
 	t.row.LongestWait = max(t.row.LongestWait, r.took)
+	if r.status == 0 && r.err != nil {
+		if t.firstErr == nil {
+			t.firstErr = map[string]string{}
+		}
+		if _, ok := t.firstErr[r.kind]; !ok {
+			t.firstErr[r.kind] = r.err.Error()
+		}
+	}
 }
 
 // timeout names the configured timeout the row's longest wait is compared with.

@@ -49,8 +49,8 @@ func (t *trial) startWorkers(ctx context.Context, n int) ([]*proc, *daemon, erro
 }
 
 // workerStopped: SIGSTOP one of two workers (its socket still accepts; nothing answers) and
-// send requests for 10 s from 4 clients. No client should wait much past the first-byte
-// timeout; the other worker should answer.
+// send requests for 10 s from 4 clients (200 ms back-off after a refusal). No client should
+// wait much past the first-byte timeout, and the running worker should answer most of them.
 func workerStopped(ctx context.Context, t *trial) {
 	mocks, d, err := t.startWorkers(ctx, 2)
 	if err != nil {
@@ -68,7 +68,9 @@ func workerStopped(ctx context.Context, t *trial) {
 	for c := range 4 {
 		wg.Go(func() {
 			for i := c; time.Now().Before(end) && ctx.Err() == nil; i += 4 {
-				t.post(ctx, d.base, chatPath, textBody(i), clientTimeout)
+				if r := t.post(ctx, d.base, chatPath, textBody(i), clientTimeout); r.status != http.StatusOK {
+					sleep(ctx, 200*time.Millisecond) // a client backs off; no hot loop of refusals
+				}
 			}
 		})
 	}
@@ -78,8 +80,12 @@ func workerStopped(ctx context.Context, t *trial) {
 	_ = mocks[0].signalGroup(syscall.SIGCONT)
 	t.note("/readyz with one worker stopped: %s; client timeout %s", ready.key(), formatDuration(clientTimeout))
 	st := t.statuses()
-	if st["200"] == 0 {
-		t.fail("no request answered 200 by the running worker")
+	answered := 0
+	for _, n := range st {
+		answered += n
+	}
+	if st["200"]*2 < answered {
+		t.fail("%d of %d requests answered 200 with one worker running", st["200"], answered)
 	}
 	t.mu.Lock()
 	longest := t.row.LongestWait
