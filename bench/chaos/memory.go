@@ -76,7 +76,7 @@ func bodyFlood(ctx context.Context, t *trial) {
 	t.timeout("client", clientTimeout)
 	body := smallImageBody(1)
 	end := time.Now().Add(5 * time.Second)
-	for n := 0; time.Now().Before(end) && ctx.Err() == nil; n++ {
+	for n := 0; time.Now().Before(end) && ctx.Err() == nil && !d.exited(); n++ {
 		t.post(ctx, d.base, chatPath, body, clientTimeout)
 		sleep(ctx, 100*time.Millisecond)
 	}
@@ -151,7 +151,7 @@ func imageOverload(ctx context.Context, t *trial) {
 	noRetry, overloaded := 0, 0
 	for i := range 400 {
 		wg.Go(func() {
-			for k := i; time.Now().Before(end) && ctx.Err() == nil; k++ {
+			for k := i; time.Now().Before(end) && ctx.Err() == nil && !d.exited(); k++ {
 				r := t.post(ctx, d.base, chatPath, bodies[k%len(bodies)], clientTimeout)
 				if r.status == 429 || r.status == 503 {
 					mu.Lock()
@@ -160,7 +160,9 @@ func imageOverload(ctx context.Context, t *trial) {
 						noRetry++
 					}
 					mu.Unlock()
-					sleep(ctx, 200*time.Millisecond)
+				}
+				if r.status != 200 {
+					sleep(ctx, 200*time.Millisecond) // a client backs off; no hot loop of refusals
 				}
 			}
 		})

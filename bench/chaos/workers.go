@@ -67,7 +67,7 @@ func workerStopped(ctx context.Context, t *trial) {
 	var wg sync.WaitGroup
 	for c := range 4 {
 		wg.Go(func() {
-			for i := c; time.Now().Before(end) && ctx.Err() == nil; i += 4 {
+			for i := c; time.Now().Before(end) && ctx.Err() == nil && !d.exited(); i += 4 {
 				if r := t.post(ctx, d.base, chatPath, textBody(i), clientTimeout); r.status != http.StatusOK {
 					sleep(ctx, 200*time.Millisecond) // a client backs off; no hot loop of refusals
 				}
