@@ -12,7 +12,9 @@ BENCH_COUNT ?= 6
 BENCH_PKGS  ?= ./...
 FUZZTIME    ?= 30s
 
-.PHONY: help build run test bench cuda fuzz clean deps-build deps-test
+SOAK_ARGS   ?=
+
+.PHONY: help build run test bench soak cuda fuzz clean deps-build deps-test
 
 help:
 	@echo "make build   build bin/dataplane (Go + the C kernels through cgo; needs only gcc)"
@@ -21,6 +23,8 @@ help:
 	@echo "             (installs gcc/cmake if missing)"
 	@echo "make bench   Go benchmarks (BENCH_PKGS, BENCH, BENCH_COUNT) summarised by benchstat, then every C bench_*"
 	@echo "make fuzz    every fuzz target for FUZZTIME each (default $(FUZZTIME))"
+	@echo "make soak    build, then 'dataplane bench chaos': serve under twelve hostile scenarios (<= 5 min),"
+	@echo "             one table, rows also in build/soak.json; fails when a row fails (SOAK_ARGS to add flags)"
 	@echo "make cuda    the CUDA plugin (needs a CUDA toolkit; says so when there is none)"
 	@echo "make clean   remove bin/ and build/"
 
@@ -81,6 +85,13 @@ bench: deps-test
 	cmake -S . -B $(BUILD) -DDATAPLANE_CUDA=AUTO
 	cmake --build $(BUILD) --parallel
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b || exit 1; done
+
+# A real serve (and mock workers) as child processes under the scenarios of bench/chaos: body
+# floods, huge pictures, overload, stuck media, dead workers, SIGTERM, slow headers. Not part of
+# `make test` (minutes of two cores); exit status 1 when any row fails.
+soak: build
+	@mkdir -p $(BUILD)
+	./$(BIN) bench chaos --json $(BUILD)/soak.json --logs $(BUILD)/soak-logs $(SOAK_ARGS)
 
 # Go 1.26's fuzz coordinator can report "context deadline exceeded" as -fuzztime ends, with no
 # failing input (golang/go#75804, fixed in Go 1.27): such a run is a flake, said so and passed;

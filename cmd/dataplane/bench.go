@@ -31,16 +31,17 @@ import (
 )
 
 func init() {
-	register(command{"bench", "measure: load (HTTP replay), ab (routing A/B), fleet (N engines in real time), sweep (encoder batch sizes)", benchCommand})
+	register(command{"bench", "measure: load (HTTP replay), ab (routing A/B), fleet (N engines in real time), sweep (encoder batch sizes), chaos (serve under hostile scenarios)", benchCommand})
 }
 
-const benchUsage = `Usage: dataplane bench <load|ab|fleet|sweep> [flags]   (dataplane bench <sub> -h)
+const benchUsage = `Usage: dataplane bench <load|ab|fleet|sweep|chaos> [flags]   (dataplane bench <sub> -h)
 
   load   replay a trace open-loop against OpenAI-compatible endpoints: TTFT, ITL, E2E; CSV, PNG
   ab     the same trace under routing policies (round-robin, random, kv, kv-modality) and encoding modes,
          on a mock fleet in virtual time: one table
   fleet  N mock engines in real time fed a trace in-process (no sockets): do they keep up?
   sweep  encoder latency and throughput for batch sizes 1..64 on the host or a backend plugin
+  chaos  a real serve (and mock workers) as children under hostile scenarios: one table, exit 1 on a failed row
 `
 
 func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -49,7 +50,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return errUsage
 	}
 	sub := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"load": benchLoad, "ab": benchAB, "fleet": benchFleet, "sweep": benchSweep,
+		"load": benchLoad, "ab": benchAB, "fleet": benchFleet, "sweep": benchSweep, "chaos": benchChaos,
 	}[args[0]]
 	if sub == nil {
 		if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
