@@ -39,7 +39,8 @@ func DefaultServerOptions() ServerOptions {
 //
 //	POST /engines/<i>/v1/completions   engine i (its base URL for `dataplane serve --workers`)
 //	POST /v1/completions               the engine the "model" field names, else round-robin
-//	GET  /v1/models, /engines/<i>/v1/models, /engines, /healthz
+//	GET  /v1/models, /engines/<i>/v1/models, /engines, /healthz, /health (vLLM's, which the
+//	     daemon's health prober asks; also per engine: /engines/<i>/health)
 //
 // A completion takes a text prompt (tokenized one word per token, by hash) or token ids,
 // max_tokens, stream, stream_options.include_usage, cache_salt, and dataplane's extension
@@ -76,7 +77,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		engine, path = i, "/"+sub
 	}
 	switch {
-	case path == "/healthz":
+	case path == "/healthz", path == "/health":
 		_, _ = io.WriteString(w, "ok\n")
 	case path == "/engines" && engine < 0:
 		s.listEngines(w)

@@ -137,6 +137,15 @@ func TestHTTPRoutes(t *testing.T) {
 	code, _ = post("/engines/7/v1/completions", `{"prompt": [1]}`)
 	require.Equal(t, 404, code)
 
+	// vLLM's health route, which the daemon's prober asks (a mock that lacked it was taken out
+	// of routing while it ran), for the fleet and per engine.
+	for _, path := range []string{"/health", "/engines/1/health", "/healthz"} {
+		resp, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode, path)
+	}
+
 	resp, err := http.Get(srv.URL + "/engines")
 	require.NoError(t, err)
 	var engines []map[string]any

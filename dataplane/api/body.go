@@ -59,7 +59,12 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *
 				}
 			}
 			if err := acct.Reserve(rctx, int64(grow-cap(buf)), "request body"); err != nil {
-				ctx.SetConnectionClose()
+				// The rest is read and dropped (no memory: a fixed scratch), bounded by the
+				// declared length and the read timeout, so the client reads the 503 instead of
+				// a connection reset while it still writes.
+				if declared < 0 || s.discard(r, int64(declared-len(buf))) != nil {
+					ctx.SetConnectionClose()
+				}
 				return nil, err
 			}
 			next := make([]byte, len(buf), grow)
@@ -86,4 +91,20 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *
 			return nil, &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Message: "reading the request body: " + err.Error()}
 		}
 	}
+}
+
+// discard reads and drops n more bytes of a body.
+func (s *Server) discard(r io.Reader, n int64) error {
+	var scratch [32 << 10]byte
+	for n > 0 {
+		k, err := r.Read(scratch[:min(n, int64(len(scratch)))])
+		n -= int64(k)
+		if err != nil {
+			if errors.Is(err, io.EOF) && n <= 0 {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
 }
