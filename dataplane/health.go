@@ -38,19 +38,17 @@ type workerEntry struct {
 	failures  int  // failed probes in a row
 	forgotten bool // its blocks were dropped from the index since it last was healthy
 
-	up                   prometheus.Gauge
 	probeOK, probeFailed prometheus.Counter
 }
 
+// healthMetrics count probes; whether a worker is in routing is the router's
+// dataplane_router_worker_healthy.
 type healthMetrics struct {
-	healthy *prometheus.GaugeVec
-	probes  *prometheus.CounterVec
+	probes *prometheus.CounterVec
 }
 
 func newHealthMetrics() *healthMetrics {
 	return &healthMetrics{
-		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dataplane_worker_healthy",
-			Help: "1 while the LLM worker is in routing, 0 once a request found it unavailable or its health probes failed."}, []string{"worker"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dataplane_worker_probes_total",
 			Help: "Health probes of LLM workers, by result (ok, failed)."}, []string{"worker", "result"}),
 	}
@@ -59,11 +57,9 @@ func newHealthMetrics() *healthMetrics {
 // newEntry is w, healthy, with its metrics.
 func (s *Service) newEntry(w worker.Worker) *workerEntry {
 	e := &workerEntry{w: w, name: w.Name(), label: worker.Label(w), healthy: true,
-		up:          s.health.healthy.WithLabelValues(w.Name()),
 		probeOK:     s.health.probes.WithLabelValues(w.Name(), "ok"),
 		probeFailed: s.health.probes.WithLabelValues(w.Name(), "failed")}
 	e.probe, _ = w.(worker.Prober)
-	e.up.Set(1)
 	s.healthy.Add(1)
 	return e
 }
@@ -171,10 +167,8 @@ func (s *Service) setHealthy(e *workerEntry, healthy bool) {
 	e.healthy = healthy
 	s.router.SetHealthy(e.name, healthy) //nolint:errcheck // every entry is registered with the router
 	if healthy {
-		e.up.Set(1)
 		s.healthy.Add(1)
 	} else {
-		e.up.Set(0)
 		s.healthy.Add(-1)
 	}
 }

@@ -49,11 +49,18 @@ func itemError(m *openai.Media, err error) *Error {
 }
 
 // source is an item's bytes, read before it takes a CPU slot: inline data, a data: URL
-// decoded, a fetch, or a video's pictures. release gives back their admission.
+// decoded, a fetch, or a video's pictures; rels give back their admissions (release).
 type source struct {
-	data    []byte
-	frames  [][]byte
-	release func()
+	data   []byte
+	frames [][]byte
+	rels   []func()
+}
+
+func (src *source) release() {
+	for _, r := range src.rels {
+		r()
+	}
+	src.rels = nil
 }
 
 // admitter reserves on acct, within ctx, for the media package's and the fetcher's hooks.
@@ -72,7 +79,7 @@ func admitter(ctx context.Context, acct *memory.Account) admit.Func {
 // read gets an item's bytes (none for an item known only by its uuid). Fetches run in their
 // own bounded pool (s.fetchSem): a slow media server holds a fetch slot, never a CPU slot.
 func (s *Service) read(ctx context.Context, m *openai.Media, acct *memory.Account) (*source, error) {
-	src := &source{release: func() {}}
+	src := &source{}
 	take := admitter(ctx, acct)
 	one := func(url string) ([]byte, func(), error) {
 		if strings.HasPrefix(url, "data:") {
@@ -96,13 +103,6 @@ func (s *Service) read(ctx context.Context, m *openai.Media, acct *memory.Accoun
 		defer func() { <-s.fetchSem }()
 		return s.fetcher.FetchAdmitted(ctx, url, take)
 	}
-	var rels []func()
-	src.release = func() {
-		for _, r := range rels {
-			r()
-		}
-		rels = nil
-	}
 	switch {
 	case m.Frames != nil:
 		for i, u := range m.Frames {
@@ -111,7 +111,7 @@ func (s *Service) read(ctx context.Context, m *openai.Media, acct *memory.Accoun
 				src.release()
 				return nil, itemError(m, fmt.Errorf("picture %d: %w", i, err))
 			}
-			rels = append(rels, rel)
+			src.rels = append(src.rels, rel)
 			src.frames = append(src.frames, b)
 		}
 	case m.Data != nil:
@@ -124,7 +124,7 @@ func (s *Service) read(ctx context.Context, m *openai.Media, acct *memory.Accoun
 		if err != nil {
 			return nil, itemError(m, err)
 		}
-		rels = append(rels, rel)
+		src.rels = append(src.rels, rel)
 		src.data = b
 	}
 	return src, nil

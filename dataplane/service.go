@@ -248,11 +248,11 @@ func (s *Service) Feed() *kvevents.Feed { return s.feed }
 func (s *Service) Models() *Models { return s.models }
 func (s *Service) Tokenizer() *Tok { return s.tok }
 
-// Collectors are the service's Prometheus collectors: its own (the workers' health and the
-// memory budget among them), the feature store's and the router's (its KV events' counters
+// Collectors are the service's Prometheus collectors: its own (the workers' health probes
+// and the memory budget among them), the feature store's and the router's (its KV events' counters
 // included).
 func (s *Service) Collectors() []prometheus.Collector {
-	return append(s.metrics.collectors(), s.health.healthy, s.health.probes, s.store.Collector(), router.NewCollector(s.router),
+	return append(s.metrics.collectors(), s.health.probes, s.store.Collector(), router.NewCollector(s.router),
 		kvevents.NewCollector(s.feed), newMemoryCollector(s.memPlan, s.memory))
 }
 

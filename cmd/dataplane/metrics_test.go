@@ -128,7 +128,6 @@ func TestServeMetricNames(t *testing.T) {
 		"dataplane_request_duration_seconds{endpoint} histogram Arrival to the last token (or the failure).",
 		"dataplane_requests_total{endpoint,outcome} counter Requests by endpoint and outcome (ok, bad_request, rejected, cancelled, error).",
 		"dataplane_ttft_seconds{} histogram Arrival to the first token from the LLM worker.",
-		"dataplane_worker_healthy{worker} gauge 1 while the LLM worker is in routing, 0 once a request found it unavailable or its health probes failed.",
 		"dataplane_worker_probes_total{result,worker} counter Health probes of LLM workers, by result (ok, failed).",
 	), metricFamilies(t, base+"/metrics"))
 }

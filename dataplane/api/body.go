@@ -20,25 +20,22 @@ const bodyChunk = 64 << 10
 // readBody reads the request body as its bytes arrive (the server streams bodies: fasthttp
 // would otherwise allocate the declared Content-Length up front, so 100 connections that
 // declare 64 MiB and send one byte would hold 6.4 GB). Every growth of the buffer is reserved
-// on acct first; a body over MaxBodyBytes is a 413 as soon as it says or shows so.
+// on acct first; a body over MaxBodyBytes is a 413 as soon as it shows so (one that says so is refused
+// before, in handle).
 func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *memory.Account) ([]byte, error) {
 	limit := s.opts.MaxBodyBytes
 	tooLarge := func() error {
 		ctx.SetConnectionClose() // the rest of the body is not read
-		return &Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-			Message: fmt.Sprintf("request body larger than %d bytes (--max-body-bytes)", limit)}
+		return s.bodyTooLarge()
 	}
-	declared := ctx.Request.Header.ContentLength() // -1 chunked, -2 none
-	if declared > limit {
-		return nil, tooLarge()
-	}
+	declared := ctx.Request.Header.ContentLength() // -1 chunked, -2 none; over limit: refused in handle
 	// The body and what parsing copies out of it: a body that could never fit is a 413 now.
 	if err := acct.Fits(2*int64(declared), "request body"); err != nil {
 		ctx.SetConnectionClose()
 		return nil, err
 	}
 	r := ctx.RequestBodyStream()
-	if r == nil { // not streamed (a test server): fasthttp has the whole body already
+	if r == nil { // no body stream (neither a length nor chunks): whatever fasthttp read is all
 		b := ctx.PostBody()
 		if len(b) > limit {
 			return nil, tooLarge()
@@ -85,12 +82,15 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *
 				return nil, &Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error",
 					Message: fmt.Sprintf("request body not read within %v (--read-timeout)", s.opts.ReadTimeout)}
 			}
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-				return nil, tooLarge()
-			}
 			return nil, &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Message: "reading the request body: " + err.Error()}
 		}
 	}
+}
+
+// bodyTooLarge is the 413 of a body over --max-body-bytes.
+func (s *Server) bodyTooLarge() *Error {
+	return &Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+		Message: fmt.Sprintf("request body larger than %d bytes (--max-body-bytes)", s.opts.MaxBodyBytes)}
 }
 
 // discard reads and drops n more bytes of a body.

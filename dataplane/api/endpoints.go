@@ -85,6 +85,7 @@ func (s *Server) post(ctx *fasthttp.RequestCtx, endpoint string, parse func([]by
 		return
 	}
 	if s.svc == nil {
+		ctx.SetConnectionClose() // its body is not read
 		writeAPIError(ctx, &Error{Status: http.StatusServiceUnavailable, Type: "overloaded_error", Message: "no models loaded"})
 		return
 	}

@@ -262,8 +262,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	route := "other" // unknown paths share one label value, so the label set stays bounded
 	if ctx.Request.Header.ContentLength() > s.opts.MaxBodyBytes {
 		ctx.SetConnectionClose() // the body is not read
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error",
-			fmt.Sprintf("request body larger than %d bytes (--max-body-bytes)", s.opts.MaxBodyBytes))
+		writeAPIError(ctx, s.bodyTooLarge())
 		s.metrics.http.WithLabelValues("malformed", codeLabel(ctx.Response.StatusCode())).Inc()
 		return
 	}
@@ -319,9 +318,6 @@ func (s *Server) handleMalformed(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	var netErr net.Error
 	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error",
-			fmt.Sprintf("request body larger than %d bytes (--max-body-bytes)", s.opts.MaxBodyBytes))
 	case errors.As(err, &small):
 		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request headers too large")
 	case errors.As(err, &netErr) && netErr.Timeout():

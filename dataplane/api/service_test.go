@@ -117,7 +117,15 @@ func startDaemonWith(t testing.TB, mutate func(*dataplane.ServiceOptions), mutat
 	if mutateServer != nil {
 		mutateServer(&srvOpts)
 	}
-	srv := NewServer(srvOpts, slog.New(slog.DiscardHandler))
+	d.base = serveService(t, svc, srvOpts)
+	return d
+}
+
+// serveService serves svc's API on a loopback port until the test ends (then drains and
+// closes it, checking both went cleanly) and returns its base URL.
+func serveService(t testing.TB, svc *dataplane.Service, opts Options) string {
+	t.Helper()
+	srv := NewServer(opts, slog.New(slog.DiscardHandler))
 	srv.Attach(svc)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -131,8 +139,7 @@ func startDaemonWith(t testing.TB, mutate func(*dataplane.ServiceOptions), mutat
 		defer ccancel()
 		require.NoError(t, svc.Close(cctx))
 	})
-	d.base = "http://" + ln.Addr().String()
-	return d
+	return "http://" + ln.Addr().String()
 }
 
 func (d *testDaemon) post(t *testing.T, path string, body any) (int, map[string]any) {

@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -174,21 +173,7 @@ func startHTTPDaemon(t *testing.T, fbt time.Duration, urls ...string) (*testDaem
 		require.NoError(t, err)
 		engines = append(engines, e)
 	}
-	srv := NewServer(DefaultOptions(), slog.New(slog.DiscardHandler))
-	srv.Attach(svc)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer ccancel()
-		require.NoError(t, svc.Close(cctx))
-	})
-	return &testDaemon{svc: svc, base: "http://" + ln.Addr().String()}, engines
+	return &testDaemon{svc: svc, base: serveService(t, svc, DefaultOptions())}, engines
 }
 
 // complete posts a text completion and returns the status, the headers and the raw body.
@@ -244,7 +229,7 @@ func (d *testDaemon) requireHealthy(t *testing.T, url string, healthy bool) {
 		want = 1
 	}
 	require.Eventually(t, func() bool {
-		return d.metric(t, `dataplane_worker_healthy{worker="`+url+`"}`) == want
+		return d.metric(t, `dataplane_router_worker_healthy{worker="`+url+`"}`) == want
 	}, 10*time.Second, 10*time.Millisecond, "%s healthy %v", url, healthy)
 }
 
