@@ -158,13 +158,17 @@ func (r *request) prepareAll(ctx context.Context) error {
 				return
 			}
 			defer src.release() // the bytes are garbage once preprocessed
-			select {
-			case s.prepSem <- struct{}{}:
-			case <-ctx.Done():
-				errs[i] = itemError(m, fmt.Errorf("waiting for a CPU to preprocess it: %w", ctx.Err()))
+			release, err := s.prep.acquire(ctx)
+			var busy *busyError
+			switch {
+			case errors.As(err, &busy): // it would be cut at its deadline anyway: shed it now
+				errs[i] = &Error{Param: m.Path, Kind: ErrUnavailable, Err: busy, RetryAfter: min(max(busy.wait, time.Second), 30*time.Second)}
+				return
+			case err != nil:
+				errs[i] = itemError(m, fmt.Errorf("waiting for a CPU to preprocess it: %w", err))
 				return
 			}
-			defer func() { <-s.prepSem }()
+			defer release()
 			items[i], errs[i] = s.prepare(ctx, m, src, r.p.Ext.CacheSalt, r.p.Memory)
 		}()
 	}
@@ -174,7 +178,7 @@ func (r *request) prepareAll(ctx context.Context) error {
 		if err == nil {
 			continue
 		}
-		if !r.p.Ext.TextFallback || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if !r.p.Ext.TextFallback || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
 			return err
 		}
 		s.log.Info("dropping a media item (text_fallback)", "request", r.id, "item", r.p.Media[i].Path, "err", err)
@@ -271,11 +275,31 @@ func (r *request) admit(ctx context.Context) error {
 			job.Fail(errors.New("evicted"))
 			return fail(ErrInvalid, it.src.Path, "uuid %q: its features are no longer cached; send the media with it", it.src.UUID)
 		}
+		if err := s.shedEncode(ctx, it, job); err != nil {
+			return err
+		}
 		if err := r.encode(it, job, priority); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// shedEncode refuses (503 with Retry-After) an item the encoders could not finish before its
+// deadline (ctx's) by their own estimate: queued, it would be cut at the deadline with a 504
+// after taking its share of the encoders.
+func (s *Service) shedEncode(ctx context.Context, it *item, job *features.Job) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return nil
+	}
+	eta, left := s.pool.ETA(it.model, it.tokens), time.Until(deadline)
+	if eta <= left {
+		return nil
+	}
+	err := fmt.Errorf("the encoders are busy: this item would be encoded in about %.1fs, and it has %.1fs left of --item-timeout", eta.Seconds(), left.Seconds())
+	job.Fail(err) //nolint:errcheck // the record reports it to its holders
+	return &Error{Param: it.src.Path, Kind: ErrUnavailable, Err: err, RetryAfter: min(max(eta-left, time.Second), 30*time.Second)}
 }
 
 // encode sends an item's inputs to the pool, each writing its rows of the job's buffer; the

@@ -86,7 +86,7 @@ func newMemoryCollector(plan memory.Plan, b *memory.Budget) *memoryCollector {
 		parts: prometheus.NewDesc("dataplane_memory_budget_bytes",
 			"How --memory-bytes is divided: total, features (the feature store), baseline (resident with the models loaded), reserve (runtime), requests.", []string{"part"}, nil),
 		requests: prometheus.NewDesc("dataplane_memory_request_bytes",
-			"The request budget (bodies, decoded media, encoder inputs): capacity, used now, peak since start.", []string{"use"}, nil),
+			"The request budget (bodies, decoded media, encoder inputs): capacity, used now, of it intake (bodies still arriving), peak since start.", []string{"use"}, nil),
 		refusals: prometheus.NewDesc("dataplane_memory_refusals_total",
 			"Reservations the request budget refused, by reason (too_large: 413; full, queue_full: 503).", []string{"reason"}, nil),
 	}
@@ -112,6 +112,7 @@ func (c *memoryCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.budget.Stats()
 	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(s.Capacity), "capacity")
 	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(s.Used), "used")
+	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(s.Intake), "intake")
 	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(s.Peak), "peak")
 	for _, r := range []memory.Reason{memory.TooLarge, memory.Full, memory.QueueFull} {
 		ch <- prometheus.MustNewConstMetric(c.refusals, prometheus.CounterValue, float64(s.Refused[r]), r.String())

@@ -61,7 +61,8 @@ type ServiceOptions struct {
 	// RequestMemoryBytes, when > 0, is the request budget itself, whatever MemoryBytes says
 	// (an embedding program that knows what it can spare).
 	RequestMemoryBytes int64
-	// MemoryWait is how long a reservation waits for room before a 503 (0: memory's default).
+	// MemoryWait is how long a request waits for memory, in all its reservations, before a 503
+	// (0: memory's default).
 	MemoryWait time.Duration
 	// HealthInterval is how often the prober asks every worker whether it is healthy
 	// (worker.Prober; a worker that is not one is always healthy); HealthTimeout bounds one
@@ -124,8 +125,8 @@ type Service struct {
 	closed  bool
 	active  sync.WaitGroup // requests in flight, for the drain
 	nextID  atomic.Uint64
-	prepSem chan struct{} // bounds concurrent media preprocessing to the CPU count
-	// fetchSem bounds concurrent media fetches (MaxFetches), apart from prepSem.
+	prep    *cpuSlots // bounds concurrent media preprocessing to the CPU count, sheds what would miss its deadline
+	// fetchSem bounds concurrent media fetches (MaxFetches), apart from prep.
 	fetchSem chan struct{}
 
 	// Worker health (health.go): healthMu guards every entry's health fields and is held while
@@ -155,7 +156,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	}
 	s := &Service{opts: opts, log: opts.Log, workers: map[string]*workerEntry{}, health: newHealthMetrics(),
 		uuids:  newUUIDTable(max(opts.MaxUUIDs, 1)),
-		routes: router.NewDecisionLog(router.RecentDecisions), prepSem: make(chan struct{}, runtime.GOMAXPROCS(0)),
+		routes: router.NewDecisionLog(router.RecentDecisions), prep: newCPUSlots(runtime.GOMAXPROCS(0)),
 		fetchSem: make(chan struct{}, max(opts.MaxFetches, 1))}
 	var err error
 	if s.tok, err = LoadTokenizer(opts.Tokenizer); err != nil {

@@ -123,7 +123,7 @@ func TestServeMetricNames(t *testing.T) {
 		"dataplane_media_items_total{cache,modality} counter Media items admitted, by modality and whether the reuse cache had their features.",
 		"dataplane_memory_budget_bytes{part} gauge How --memory-bytes is divided: total, features (the feature store), baseline (resident with the models loaded), reserve (runtime), requests.",
 		"dataplane_memory_refusals_total{reason} counter Reservations the request budget refused, by reason (too_large: 413; full, queue_full: 503).",
-		"dataplane_memory_request_bytes{use} gauge The request budget (bodies, decoded media, encoder inputs): capacity, used now, peak since start.",
+		"dataplane_memory_request_bytes{use} gauge The request budget (bodies, decoded media, encoder inputs): capacity, used now, of it intake (bodies still arriving), peak since start.",
 		"dataplane_merge_seconds{} histogram Time to merge a request's text and media into its sequence.",
 		"dataplane_request_duration_seconds{endpoint} histogram Arrival to the last token (or the failure).",
 		"dataplane_requests_total{endpoint,outcome} counter Requests by endpoint and outcome (ok, bad_request, rejected, cancelled, error).",

@@ -20,8 +20,10 @@ const bodyChunk = 64 << 10
 // readBody reads the request body as its bytes arrive (the server streams bodies: fasthttp
 // would otherwise allocate the declared Content-Length up front, so 100 connections that
 // declare 64 MiB and send one byte would hold 6.4 GB). Every growth of the buffer is reserved
-// on acct first; a body over MaxBodyBytes is a 413 as soon as it shows so (one that says so is refused
-// before, in handle).
+// on acct first, as intake (held to a share of the budget, served after requests already in
+// the work, so half-read bodies cannot starve those); once the body is in, the bytes stay
+// reserved as ordinary ones. A body over MaxBodyBytes is a 413 as soon as it shows so (one that
+// says so is refused before, in handle).
 func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *memory.Account) ([]byte, error) {
 	limit := s.opts.MaxBodyBytes
 	tooLarge := func() error {
@@ -40,7 +42,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *
 		if len(b) > limit {
 			return nil, tooLarge()
 		}
-		return b, acct.Reserve(rctx, int64(len(b)), "request body")
+		return b, acct.Reserve(rctx, int64(len(b)), "request body") // already read: not intake
 	}
 	var buf []byte
 	for {
@@ -55,7 +57,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *
 					grow = cap(buf) + bodyChunk // more bytes than declared: fasthttp stops them
 				}
 			}
-			if err := acct.Reserve(rctx, int64(grow-cap(buf)), "request body"); err != nil {
+			if err := acct.ReserveIntake(rctx, int64(grow-cap(buf)), "request body"); err != nil {
 				// The rest is read and dropped (no memory: a fixed scratch), bounded by the
 				// declared length and the read timeout, so the client reads the 503 instead of
 				// a connection reset while it still writes.
@@ -74,6 +76,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rctx context.Context, acct *
 			if len(buf) > limit {
 				return nil, tooLarge()
 			}
+			acct.EndIntake()
 			return buf, nil
 		}
 		if err != nil {

@@ -3,8 +3,10 @@
 // request holds an Account; everything it reserves is given back when the account closes.
 // A reservation that can never fit is refused at once (TooLarge: the API's 413); one that
 // cannot fit now waits in a bounded FIFO queue up to MaxWait (or its context's deadline),
-// then is refused (Full or QueueFull: 503 with Retry-After). Limit says how much memory the
-// process may have (cgroup, then physical memory). Standard library only.
+// then is refused (Full or QueueFull: 503 with Retry-After). Bodies still arriving reserve as
+// intake (ReserveIntake), held to a share of the budget and served after everything else, so
+// half-read bodies can never starve the requests already being worked on. Limit says how much
+// memory the process may have (cgroup, then physical memory). Standard library only.
 package memory
 
 import (
@@ -18,9 +20,12 @@ import (
 // Options configure a Budget. Zero fields take the defaults in New.
 type Options struct {
 	Capacity   int64         // bytes; must be > 0
-	MaxWait    time.Duration // longest wait for room (a context deadline may cut it); 2 s; < 0: never wait
+	MaxWait    time.Duration // longest wait for room, in all, per account (a context deadline may cut it); 2 s; < 0: never wait
 	MaxWaiters int           // bounded wait queue; more are refused at once; 4096
 	RetryAfter time.Duration // what refusals tell clients; 1 s
+	// IntakeCapacity bounds what intake reservations (bodies still arriving) hold at once;
+	// Capacity/2 when 0. The rest stays for requests whose bodies are in.
+	IntakeCapacity int64
 }
 
 // Reason says why a reservation was refused.
@@ -83,8 +88,12 @@ type Budget struct {
 	mu      sync.Mutex
 	used    int64
 	peak    int64
+	intake  int64     // of used: held by intake reservations
 	waiters []*waiter // FIFO: the head is served first, so a large reservation is not starved
-	refused [Closed + 1]int64
+	// intakeWaiters wait behind waiters: a request already in the work is served before a
+	// body still arriving (FIFO among themselves).
+	intakeWaiters []*waiter
+	refused       [Closed + 1]int64
 }
 
 type waiter struct {
@@ -106,6 +115,9 @@ func New(opts Options) (*Budget, error) {
 	if opts.RetryAfter <= 0 {
 		opts.RetryAfter = time.Second
 	}
+	if opts.IntakeCapacity <= 0 || opts.IntakeCapacity > opts.Capacity {
+		opts.IntakeCapacity = opts.Capacity / 2
+	}
 	return &Budget{opts: opts}, nil
 }
 
@@ -115,7 +127,8 @@ func (b *Budget) Capacity() int64 { return b.opts.Capacity }
 // Stats are the budget's numbers now.
 type Stats struct {
 	Capacity, Used, Peak int64
-	Waiting              int
+	Intake               int64 // of Used: bodies still arriving
+	Waiting              int   // reservations waiting, intake ones included
 	Refused              map[Reason]int64
 }
 
@@ -123,41 +136,47 @@ type Stats struct {
 func (b *Budget) Stats() Stats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := Stats{Capacity: b.opts.Capacity, Used: b.used, Peak: b.peak, Waiting: len(b.waiters), Refused: map[Reason]int64{}}
+	s := Stats{Capacity: b.opts.Capacity, Used: b.used, Peak: b.peak, Intake: b.intake,
+		Waiting: len(b.waiters) + len(b.intakeWaiters), Refused: map[Reason]int64{}}
 	for r := TooLarge; r <= Closed; r++ {
 		s.Refused[r] = b.refused[r]
 	}
 	return s
 }
 
-// reserve takes n bytes, waiting in the queue up to MaxWait or ctx's end.
-func (b *Budget) reserve(ctx context.Context, n int64, what string) error {
+// reserve takes n bytes, waiting in the queue up to wait or ctx's end (wait <= 0: not at all).
+// intake reservations also count against IntakeCapacity and wait behind every other one.
+func (b *Budget) reserve(ctx context.Context, n int64, what string, intake bool, wait time.Duration) error {
 	if n <= 0 {
 		return nil
 	}
 	b.mu.Lock()
-	if n > b.opts.Capacity {
+	if n > b.opts.Capacity || intake && n > b.opts.IntakeCapacity {
 		defer b.mu.Unlock()
 		return b.refuseLocked(TooLarge, n, what)
 	}
-	if len(b.waiters) == 0 && b.used+n <= b.opts.Capacity {
-		b.takeLocked(n)
+	if len(b.waiters) == 0 && (!intake || len(b.intakeWaiters) == 0) && b.fitsLocked(n, intake) {
+		b.takeLocked(n, intake)
 		b.mu.Unlock()
 		return nil
 	}
-	if b.opts.MaxWait < 0 || len(b.waiters) >= b.opts.MaxWaiters {
+	if wait <= 0 {
 		defer b.mu.Unlock()
-		reason := Full
-		if b.opts.MaxWait >= 0 {
-			reason = QueueFull
-		}
-		return b.refuseLocked(reason, n, what)
+		return b.refuseLocked(Full, n, what)
+	}
+	if len(b.waiters)+len(b.intakeWaiters) >= b.opts.MaxWaiters {
+		defer b.mu.Unlock()
+		return b.refuseLocked(QueueFull, n, what)
 	}
 	w := &waiter{n: n, ready: make(chan struct{})}
-	b.waiters = append(b.waiters, w)
+	queue := &b.waiters
+	if intake {
+		queue = &b.intakeWaiters
+	}
+	*queue = append(*queue, w)
 	b.mu.Unlock()
 
-	timer := time.NewTimer(b.opts.MaxWait)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	var cause error
 	select {
@@ -174,9 +193,9 @@ func (b *Budget) reserve(ctx context.Context, n int64, what string) error {
 		return nil
 	default:
 	}
-	for i, x := range b.waiters {
+	for i, x := range *queue {
 		if x == w {
-			b.waiters = append(b.waiters[:i], b.waiters[i+1:]...)
+			*queue = append((*queue)[:i], (*queue)[i+1:]...)
 			break
 		}
 	}
@@ -187,9 +206,16 @@ func (b *Budget) reserve(ctx context.Context, n int64, what string) error {
 	return b.refuseLocked(Full, n, what)
 }
 
-func (b *Budget) takeLocked(n int64) {
+func (b *Budget) fitsLocked(n int64, intake bool) bool {
+	return b.used+n <= b.opts.Capacity && (!intake || b.intake+n <= b.opts.IntakeCapacity)
+}
+
+func (b *Budget) takeLocked(n int64, intake bool) {
 	b.used += n
 	b.peak = max(b.peak, b.used)
+	if intake {
+		b.intake += n
+	}
 }
 
 func (b *Budget) refuseLocked(r Reason, n int64, what string) *Error {
@@ -201,26 +227,36 @@ func (b *Budget) refuseLocked(r Reason, n int64, what string) *Error {
 	return e
 }
 
-// release gives n bytes back and serves the queue in order.
-func (b *Budget) release(n int64) {
-	if n <= 0 {
+// release gives n bytes back (intake ones: intake of them) and serves the queues in order.
+func (b *Budget) release(n, intake int64) {
+	if n <= 0 && intake <= 0 {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.used -= n
-	if b.used < 0 {
-		panic(fmt.Sprintf("memory: released %d bytes more than reserved", -b.used))
+	b.intake -= intake
+	if b.used < 0 || b.intake < 0 {
+		panic(fmt.Sprintf("memory: released more than reserved (used %d, intake %d)", b.used, b.intake))
 	}
 	b.grantLocked()
 }
 
+// grantLocked serves the waiters' head while it fits, then, once none is left, the intake
+// waiters' head while it fits.
 func (b *Budget) grantLocked() {
-	for len(b.waiters) > 0 && b.used+b.waiters[0].n <= b.opts.Capacity {
+	for len(b.waiters) > 0 && b.fitsLocked(b.waiters[0].n, false) {
 		w := b.waiters[0]
 		b.waiters[0] = nil
 		b.waiters = b.waiters[1:]
-		b.takeLocked(w.n)
+		b.takeLocked(w.n, false)
+		close(w.ready)
+	}
+	for len(b.waiters) == 0 && len(b.intakeWaiters) > 0 && b.fitsLocked(b.intakeWaiters[0].n, true) {
+		w := b.intakeWaiters[0]
+		b.intakeWaiters[0] = nil
+		b.intakeWaiters = b.intakeWaiters[1:]
+		b.takeLocked(w.n, true)
 		close(w.ready)
 	}
 }
@@ -231,7 +267,9 @@ func (b *Budget) grantLocked() {
 type Account struct {
 	b      *Budget
 	mu     sync.Mutex
-	held   int64
+	held   int64         // all it holds
+	intake int64         // of held: intake, until EndIntake
+	waited time.Duration // in all its reservations: at most MaxWait
 	closed bool
 }
 
@@ -246,26 +284,61 @@ func (b *Budget) Account() *Account {
 // Reserve takes n bytes for what (named in a refusal), waiting as Budget's options say. A
 // refusal is an *Error, or ctx's error when it ended the wait.
 func (a *Account) Reserve(ctx context.Context, n int64, what string) error {
+	return a.reserve(ctx, n, what, false)
+}
+
+// ReserveIntake is Reserve for a body still arriving: held to the budget's IntakeCapacity and
+// served after every other reservation, until EndIntake.
+func (a *Account) ReserveIntake(ctx context.Context, n int64, what string) error {
+	return a.reserve(ctx, n, what, true)
+}
+
+func (a *Account) reserve(ctx context.Context, n int64, what string, intake bool) error {
 	if a == nil || n <= 0 {
 		return nil
 	}
 	a.mu.Lock()
-	closed := a.closed
+	closed, wait := a.closed, a.b.opts.MaxWait-a.waited
 	a.mu.Unlock()
 	if closed {
 		return &Error{What: what, Reason: Closed, Need: n, Capacity: a.b.opts.Capacity}
 	}
-	if err := a.b.reserve(ctx, n, what); err != nil {
-		return err
-	}
+	start := time.Now()
+	err := a.b.reserve(ctx, n, what, intake, wait)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.waited += time.Since(start) // a request waits MaxWait in all, not per step
+	if err != nil {
+		return err
+	}
 	if a.closed { // closed while we waited: the bytes go straight back
-		a.b.release(n)
+		a.b.release(n, intakeOf(n, intake))
 		return &Error{What: what, Reason: Closed, Need: n, Capacity: a.b.opts.Capacity}
 	}
 	a.held += n
+	a.intake += intakeOf(n, intake)
 	return nil
+}
+
+func intakeOf(n int64, intake bool) int64 {
+	if intake {
+		return n
+	}
+	return 0
+}
+
+// EndIntake says the body is in: what the account reserved as intake stays reserved but no
+// longer counts against IntakeCapacity (other bodies may arrive).
+func (a *Account) EndIntake() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.intake > 0 {
+		a.b.release(0, a.intake)
+		a.intake = 0
+	}
 }
 
 // Fits refuses, as Reserve would, n bytes that can never fit the budget (nil when they
@@ -279,7 +352,8 @@ func (a *Account) Fits(n int64, what string) error {
 	return a.b.refuseLocked(TooLarge, n, what)
 }
 
-// Release gives back n of the bytes the account holds (no more than it holds).
+// Release gives back n of the bytes the account holds (no more than it holds; intake bytes
+// last).
 func (a *Account) Release(n int64) {
 	if a == nil || n <= 0 {
 		return
@@ -287,8 +361,10 @@ func (a *Account) Release(n int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n = min(n, a.held)
+	in := max(0, n-(a.held-a.intake))
 	a.held -= n
-	a.b.release(n)
+	a.intake -= in
+	a.b.release(n, in)
 }
 
 // Held is what the account holds now.
@@ -312,6 +388,6 @@ func (a *Account) Close() {
 		return
 	}
 	a.closed = true
-	a.b.release(a.held)
-	a.held = 0
+	a.b.release(a.held, a.intake)
+	a.held, a.intake = 0, 0
 }

@@ -219,3 +219,110 @@ func TestLimitReadsCgroupsThenMeminfo(t *testing.T) {
 		t.Error("a meminfo without MemTotal gave a limit")
 	}
 }
+
+// Bodies still arriving hold at most IntakeCapacity; the rest stays for requests whose bodies
+// are in, which never wait for intake room.
+func TestIntakeIsHeldToItsShare(t *testing.T) {
+	b := newBudget(t, Options{Capacity: 100, IntakeCapacity: 40, MaxWait: 20 * time.Millisecond})
+	bodies := b.Account()
+	if err := bodies.ReserveIntake(context.Background(), 40, "request body"); err != nil {
+		t.Fatal(err)
+	}
+	if r := reason(b.Account().ReserveIntake(context.Background(), 1, "request body")); r != Full {
+		t.Fatalf("intake past its share: reason %v, want Full", r)
+	}
+	work := b.Account()
+	if err := work.Reserve(context.Background(), 60, "picture"); err != nil {
+		t.Fatalf("work beside full intake: %v", err)
+	}
+	if r := reason(b.Account().ReserveIntake(context.Background(), 41, "")); r != TooLarge {
+		t.Errorf("intake over IntakeCapacity: reason %v, want TooLarge", r)
+	}
+	bodies.EndIntake() // the body is in: its bytes stay, its intake room is free
+	if s := b.Stats(); s.Used != 100 || s.Intake != 0 {
+		t.Fatalf("after EndIntake: %+v", s)
+	}
+	work.Close()
+	if err := b.Account().ReserveIntake(context.Background(), 40, ""); err != nil {
+		t.Fatalf("intake after EndIntake: %v", err)
+	}
+	bodies.Close()
+	if s := b.Stats(); s.Used != 40 || s.Intake != 40 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// A request already being worked on is served before a body still arriving, even one that
+// queued first: half-read bodies cannot starve the requests ahead of them.
+func TestWorkIsServedBeforeIntake(t *testing.T) {
+	b := newBudget(t, Options{Capacity: 100, MaxWait: 5 * time.Second})
+	hold := b.Account()
+	if err := hold.Reserve(context.Background(), 100, ""); err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan string, 2)
+	intake, work := b.Account(), b.Account()
+	go func() {
+		if err := intake.ReserveIntake(context.Background(), 10, ""); err != nil {
+			t.Error(err)
+		}
+		granted <- "intake"
+	}()
+	for b.Stats().Waiting != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	go func() {
+		if err := work.Reserve(context.Background(), 30, ""); err != nil {
+			t.Error(err)
+		}
+		granted <- "work"
+	}()
+	for b.Stats().Waiting != 2 {
+		time.Sleep(time.Millisecond)
+	}
+	hold.Release(35) // room for one of them: FIFO across both would grant the intake (10), then 25 < 30
+	if first := <-granted; first != "work" {
+		t.Fatalf("%s served first, want work", first)
+	}
+	hold.Close()
+	if second := <-granted; second != "intake" {
+		t.Fatalf("then %s", second)
+	}
+	work.Close()
+	intake.Release(4) // intake bytes are given back too
+	if s := b.Stats(); s.Used != 6 || s.Intake != 6 {
+		t.Errorf("stats %+v", s)
+	}
+	intake.Close()
+	if s := b.Stats(); s.Used != 0 || s.Intake != 0 || s.Waiting != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// MaxWait bounds an account's waits in all: a body reserved in many steps waits MaxWait once,
+// not once per step.
+func TestAccountWaitsMaxWaitInAll(t *testing.T) {
+	b := newBudget(t, Options{Capacity: 100, MaxWait: 60 * time.Millisecond})
+	hold := b.Account()
+	if err := hold.Reserve(context.Background(), 100, ""); err != nil {
+		t.Fatal(err)
+	}
+	a := b.Account()
+	time.AfterFunc(40*time.Millisecond, func() { hold.Release(10) })
+	if err := a.Reserve(context.Background(), 10, "step 1"); err != nil {
+		t.Fatalf("step 1: %v", err)
+	}
+	start := time.Now()
+	err := a.Reserve(context.Background(), 10, "step 2")
+	if r := reason(err); r != Full {
+		t.Fatalf("step 2: %v, want Full", err)
+	}
+	if waited := time.Since(start); waited > 45*time.Millisecond {
+		t.Errorf("step 2 waited %v; the account had at most 20 ms of its 60 left", waited)
+	}
+	if r := reason(a.Reserve(context.Background(), 10, "step 3")); r != Full {
+		t.Errorf("step 3: reason %v, want Full at once", r)
+	}
+	hold.Close()
+	a.Close()
+}
