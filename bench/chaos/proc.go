@@ -27,7 +27,7 @@ type proc struct {
 	cmd  *exec.Cmd
 	pid  int
 
-	mu    sync.Mutex
+	mu     sync.Mutex
 	lines  []string // the last maxLines lines of stdout and stderr
 	marker string   // the log line that says where it listens contains this
 	addr   string   // the listen=HOST:PORT of the first line with the marker
