@@ -41,6 +41,8 @@ func DefaultServerOptions() ServerOptions {
 //	POST /v1/completions               the engine the "model" field names, else round-robin
 //	GET  /v1/models, /engines/<i>/v1/models, /engines, /healthz, /health (vLLM's, which the
 //	     daemon's health prober asks; also per engine: /engines/<i>/health)
+//	GET  /engines/<i>/metrics: vLLM's vllm:cache_config_info (block_size, num_gpu_blocks), from
+//	     which the daemon learns the engine's KV capacity
 //
 // A completion takes a text prompt (tokenized one word per token, by hash) or token ids,
 // max_tokens, stream, stream_options.include_usage, cache_salt, and dataplane's extension
@@ -81,6 +83,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	case path == "/engines" && engine < 0:
 		s.listEngines(w)
+	case path == "/metrics" && engine >= 0:
+		s.metrics(w, engine)
 	case path == "/v1/models":
 		s.models(w, engine)
 	case path == "/v1/completions" && r.Method == http.MethodPost:
@@ -108,6 +112,15 @@ func (s *Server) listEngines(w http.ResponseWriter) {
 		}
 	}
 	writeJSON(w, out)
+}
+
+// metrics is the part of vLLM's Prometheus page the daemon reads: the cache config's info
+// gauge (vllm/v1/metrics/loggers.py, log_metrics_info), with the engine's own block count.
+func (s *Server) metrics(w http.ResponseWriter, engine int) {
+	o := s.fleet.engines[engine].opts
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n"+
+		"vllm:cache_config_info{block_size=\"%d\",engine=\"0\",num_gpu_blocks=\"%d\"} 1.0\n", o.BlockSize, o.Blocks)
 }
 
 func (s *Server) models(w http.ResponseWriter, engine int) {

@@ -160,3 +160,11 @@ func TestHTTPRoutes(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, "mock-0", models.Data[0].ID)
 }
+
+// A mock engine tells its KV capacity the way vLLM does, read by the daemon's own reader.
+func TestMetricsGiveKVCapacity(t *testing.T) {
+	f, srv := startFleet(t, 2)
+	got, err := worker.KVCapacity(context.Background(), http.DefaultClient, srv.URL+"/engines/1")
+	require.NoError(t, err)
+	require.EqualValues(t, f.engines[1].opts.Blocks, got)
+}
