@@ -20,6 +20,7 @@ import (
 
 	"dataplane/dataplane"
 	"dataplane/dataplane/worker"
+	"dataplane/dataplane/worker/workertest"
 	"dataplane/router/kvevents"
 )
 
@@ -105,33 +106,6 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"text\":\"w%d \",\"finish_reason\":null}]}\n\n", i)
 	}
 	fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n")
-}
-
-// stoppedListener accepts connections and never answers (a SIGSTOPped engine).
-func stoppedListener(t *testing.T, ln net.Listener) string {
-	t.Helper()
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return "http://" + ln.Addr().String()
 }
 
 // listeners are n loopback listeners ordered by address, which is the order the router breaks
@@ -239,7 +213,7 @@ func (d *testDaemon) requireHealthy(t *testing.T, url string, healthy bool) {
 func TestStoppedWorkerFailsOver(t *testing.T) {
 	const fbt = 300 * time.Millisecond
 	lns := listeners(t, 2)
-	stopped := stoppedListener(t, lns[0]) // first in the router's tie order
+	stopped := workertest.Stopped(t, lns[0]) // first in the router's tie order
 	live := startEngine(t, lns[1])
 	d, _ := startHTTPDaemon(t, fbt, stopped, live.url())
 
