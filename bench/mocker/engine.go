@@ -110,7 +110,7 @@ type seq struct {
 	tokens   []uint32 // the prompt, then generated tokens
 	hashes   []uint64 // sequence hashes of the full blocks of tokens, as far as known
 	seed     uint64
-	rand     *rand.Rand // the request's own generator (Request.Seed); nil: the engine's
+	rand     *rand.Rand   // the request's own generator (Request.Seed); nil: the engine's
 	extra    []blockExtra // per prompt block: what its extra_keys list (nil when nothing)
 	computed int          // tokens whose KV is computed
 	held     int          // full blocks referenced in the KV cache (hashes[:held])

@@ -61,8 +61,8 @@ func (w *Worker) Check(s *openai.Sampling) error {
 			return openai.Invalid(name, "the mock engine %s generates placeholder tokens and cannot honour %s (it honours max_tokens, seed, min_tokens, ignore_eos)", w.Name(), name)
 		}
 	}
-	if max := cmp.Or(s.MaxTokens, DefaultMaxTokens); s.MinTokens > max {
-		return openai.Invalid("min_tokens", "%d is more than max_tokens %d", s.MinTokens, max)
+	if limit := cmp.Or(s.MaxTokens, DefaultMaxTokens); s.MinTokens > limit {
+		return openai.Invalid("min_tokens", "%d is more than max_tokens %d", s.MinTokens, limit)
 	}
 	return nil
 }
