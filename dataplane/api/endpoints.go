@@ -257,16 +257,15 @@ func (s *Server) completions(body []byte) (parsed, error) {
 	if err == nil {
 		err = s.checkModel(req.Model)
 	}
+	// echo: the prompt as the client wrote it, token ids as the tokenizer decodes them.
 	echo := ""
 	if err == nil && req.PromptIDs == nil {
 		echo = req.Prompt
-		req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: req.AddSpecialTokens})
-		if err != nil {
+		if req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: req.AddSpecialTokens}); err != nil {
 			err = BadRequest("prompt", "%v", err)
 		}
 	} else if err == nil && req.Echo {
-		echo, err = s.svc.Tokenizer().Decode(req.PromptIDs, tokenizer.DecodeOptions{})
-		if err != nil {
+		if echo, err = s.svc.Tokenizer().Decode(req.PromptIDs, tokenizer.DecodeOptions{}); err != nil {
 			err = BadRequest("prompt", "%v", err)
 		}
 	}

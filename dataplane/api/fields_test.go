@@ -261,6 +261,12 @@ func TestFieldsAndLogprobsThroughAnHTTPWorker(t *testing.T) {
 	code, _, events = d.send(t, "/v1/completions", `{"prompt":"Name a pet.","max_tokens":3,"echo":true,"stream":true}`, nil)
 	require.Equal(t, 200, code)
 	require.Contains(t, events[0], `"text":"Name a pet."`, "the first chunk")
+	ids, err := d.svc.Tokenizer().Encode("Name a pet.")
+	require.NoError(t, err)
+	prompt, _ := json.Marshal(map[string]any{"prompt": ids, "max_tokens": 3, "echo": true})
+	code, _, out = d.send(t, "/v1/completions", string(prompt), nil)
+	require.Equal(t, 200, code, out[0])
+	require.Contains(t, out[0], `"text":"Name a pet.`+engine.cases[0].Text+`"`, "token ids: their text, decoded")
 
 	// A field the daemon cannot carry is refused before the engine sees anything.
 	before := len(engine.bodies)
