@@ -18,7 +18,10 @@
 // off"), Err is the whole cause for the logs, and those that say the worker cannot take
 // requests now (unreachable, silent, 429 or 5xx, gone mid-stream) wrap ErrUnavailable: the
 // daemon then takes the worker out of routing until a probe succeeds and retries a request
-// that had no token yet on another worker.
+// that had no token yet on another worker. An engine's 400 (or 422) is the client's error: its
+// message and param reach the client as an *openai.RequestError in the chain (a 400), and the
+// worker stays in routing. HTTP sends the request's sampling and output fields with vLLM's
+// names, its id as X-Request-Id, and passes the engine's logprobs back in its events.
 package worker
 
 import (
