@@ -31,6 +31,8 @@ import (
 
 // Prompt is a parsed request in the form every endpoint reduces to.
 type Prompt struct {
+	// ID is the client's request id (X-Request-Id, checked by the API); "": one is made.
+	ID       string
 	Tokens   []int32                   // prompt token ids with the media placeholders
 	Style    sequence.PlaceholderStyle // how those placeholders are written
 	Media    []*openai.Media           // in placeholder order
@@ -67,7 +69,11 @@ func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 		return nil, fail(ErrUnavailable, "", "the server is shutting down")
 	}
 	start := time.Now()
-	r := &request{s: s, id: fmt.Sprintf("dp-%d-%x", start.Unix(), s.nextID.Add(1)), p: p, start: start}
+	r := &request{s: s, id: p.ID, p: p, start: start}
+	if r.id == "" {
+		r.id = s.NewRequestID()
+	}
+	r.key = s.requestKey(r.id, p.ID != "")
 	g, err := r.run(ctx)
 	if err != nil {
 		r.release(err)
@@ -79,7 +85,8 @@ func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 // request is one request's state through run.
 type request struct {
 	s     *Service
-	id    string
+	id    string // in logs, the decision log, the response and to the worker
+	key   string // unique: the router's and the feature store's name for it
 	p     *Prompt
 	start time.Time
 	items []*item
@@ -94,6 +101,9 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	s := r.s
 	if r.p.Sampling.MaxTokens == 0 {
 		r.p.Sampling.MaxTokens = s.opts.DefaultMaxTokens
+	}
+	if err := s.checkSampling(&r.p.Sampling); err != nil {
+		return nil, err
 	}
 	policyName := r.p.Ext.CachePolicy
 	if policyName == "" {
@@ -116,7 +126,7 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 		if err := r.checkFits(); err != nil {
 			return nil, err
 		}
-		if r.fr, err = s.store.Begin(r.id, policy); err != nil {
+		if r.fr, err = s.store.Begin(r.key, policy); err != nil {
 			return nil, storeError(err, "")
 		}
 		if err := r.admit(ictx); err != nil {
@@ -603,7 +613,7 @@ func (r *request) generate(ctx context.Context, d router.Decision, embeds native
 // the attempt is left counted (router Start undone): its error is the worker's, or ctx's.
 func (r *request) attempt(ctx context.Context, d router.Decision, e *workerEntry, wreq *worker.Request) (*Generation, error) {
 	s := r.s
-	if err := s.router.Start(r.id, d, e.name, time.Now()); err == nil {
+	if err := s.router.Start(r.key, d, e.name, time.Now()); err == nil {
 		r.routed.Store(true)
 	}
 	events, err := e.w.Generate(ctx, wreq)
@@ -625,7 +635,7 @@ func (r *request) attempt(ctx context.Context, d router.Decision, e *workerEntry
 	}
 	if err != nil {
 		if r.routed.Swap(false) {
-			s.router.Finish(r.id)
+			s.router.Finish(r.key)
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -691,7 +701,7 @@ func (r *request) forward(ctx context.Context, e *workerEntry, ev worker.Event, 
 	var final error
 	defer func() { r.release(final) }()
 	r.s.metrics.ttft.Observe(time.Since(r.start).Seconds())
-	r.s.router.FirstToken(r.id)
+	r.s.router.FirstToken(r.key)
 	if r.fr != nil {
 		r.fr.Prefilled() //nolint:errcheck // a cancelled request has nothing left to mark
 	}
@@ -748,7 +758,7 @@ func (r *request) release(err error) {
 			}
 		}
 		if r.routed.Load() {
-			r.s.router.Finish(r.id)
+			r.s.router.Finish(r.key)
 		}
 		r.p.Memory.Close()
 		r.s.active.Done()

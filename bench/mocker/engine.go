@@ -71,6 +71,9 @@ type Request struct {
 	MediaIDs  []string       // their identifiers (Media[i]'s), listed in KV events' extra_keys
 	Salt      string         // cache salt
 	MaxTokens int            // tokens to generate (at least 1)
+	// Seed, when set, draws the request's tokens from a generator of its own seeded with it
+	// (the same seed, the same tokens, whatever else runs); else from the engine's.
+	Seed *int64
 	// Sink receives the request's outputs, in order, on the engine's loop goroutine; it must
 	// not block (hand off to a channel with room, or record and return).
 	Sink func(Output)
@@ -107,6 +110,7 @@ type seq struct {
 	tokens   []uint32 // the prompt, then generated tokens
 	hashes   []uint64 // sequence hashes of the full blocks of tokens, as far as known
 	seed     uint64
+	rand     *rand.Rand   // the request's own generator (Request.Seed); nil: the engine's
 	extra    []blockExtra // per prompt block: what its extra_keys list (nil when nothing)
 	computed int          // tokens whose KV is computed
 	held     int          // full blocks referenced in the KV cache (hashes[:held])
@@ -209,6 +213,9 @@ func (e *Engine) Submit(r *Request, now time.Duration) (wake bool, err error) {
 	}
 	s := &seq{req: r, seed: router.SeedFor("", r.Salt), tokens: make([]uint32, len(r.Tokens), len(r.Tokens)+r.MaxTokens)}
 	copy(s.tokens, r.Tokens)
+	if r.Seed != nil {
+		s.rand = rand.New(rand.NewPCG(uint64(*r.Seed), 0x73656564))
+	}
 	var err2 error
 	if s.hashes, err2 = e.hasher.Sequence(nil, s.tokens, s.seed, r.Media); err2 != nil {
 		return false, &ErrBadRequest{r.ID, err2.Error()}
@@ -497,7 +504,11 @@ func (e *Engine) finishStep(t time.Duration) {
 		if s.computed < len(s.tokens) {
 			continue // a prefill chunk
 		}
-		tok := uint32(e.rand.IntN(e.opts.Vocab))
+		draw := e.rand
+		if s.rand != nil {
+			draw = s.rand
+		}
+		tok := uint32(draw.IntN(e.opts.Vocab))
 		s.tokens = append(s.tokens, tok)
 		s.gen++
 		out := Output{Token: tok, First: s.gen == 1, At: t}

@@ -45,8 +45,10 @@ func DefaultServerOptions() ServerOptions {
 //	     which the daemon learns the engine's KV capacity
 //
 // A completion takes a text prompt (tokenized one word per token, by hash) or token ids,
-// max_tokens, stream, stream_options.include_usage, cache_salt, and dataplane's extension
-// "media": [{"start", "end", "id"}] (placeholder spans and identifiers, hashed into KV events).
+// max_tokens, seed, stream, stream_options.include_usage, cache_salt, and dataplane's extension
+// "media": [{"start", "end", "id"}] (placeholder spans and identifiers, hashed into KV events);
+// a sampling field the engines do not honour (Worker.Check: temperature, stop, logprobs, ...)
+// or echo is a 400 naming it.
 // Streams are vLLM's SSE chunks; the usage has prompt_tokens_details.cached_tokens.
 type Server struct {
 	opts     ServerOptions
@@ -184,6 +186,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 		return
 	}
 	req, err := openai.ParseCompletion(body, openai.DefaultLimits())
+	if err == nil && req.Echo {
+		err = api.BadRequest("echo", "the mock engines do not echo the prompt")
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -196,7 +201,13 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 	if engine < 0 {
 		engine = s.pick(req.Model)
 	}
-	wreq := &worker.Request{ID: fmt.Sprintf("cmpl-%d", s.ids.Add(1)), Prompt: req.Prompt, Sampling: req.Sampling, CacheSalt: req.Ext.CacheSalt}
+	// The request id, as vLLM makes it: X-Request-Id when the client sends one (echoed).
+	id := strconv.FormatUint(s.ids.Add(1), 10)
+	if x := r.Header.Get("X-Request-Id"); openai.RequestIDOK(x) {
+		id = x
+		w.Header().Set("X-Request-Id", x)
+	}
+	wreq := &worker.Request{ID: "cmpl-" + id, Prompt: req.Prompt, Sampling: req.Sampling, CacheSalt: req.Ext.CacheSalt}
 	wreq.TokenIDs = req.PromptIDs
 	if wreq.TokenIDs == nil {
 		wreq.TokenIDs = TokenizeWords(req.Prompt, s.fleet.engines[engine].opts.Vocab)
@@ -208,7 +219,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 	events, err := wk.Generate(r.Context(), wreq)
 	if err != nil {
 		var bad *ErrBadRequest
+		var invalid *openai.RequestError
 		switch {
+		case errors.As(err, &invalid): // a sampling field the engine does not honour
+			writeError(w, err)
 		case errors.As(err, &bad):
 			writeError(w, api.BadRequest("prompt", "%s", bad.Problem))
 		case errors.Is(err, worker.ErrUnavailable):

@@ -168,3 +168,76 @@ func TestMetricsGiveKVCapacity(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, f.engines[1].opts.Blocks, got)
 }
+
+// A mock engine honours max_tokens, seed (the same seed, the same tokens, whatever runs beside
+// it) and the fields that cannot change what it draws; anything else is an
+// *openai.RequestError naming the field, in process and over HTTP (a 400). Several requests
+// may give the same id (the daemon forwards the client's X-Request-Id, which may repeat).
+func TestWorkerHonoursOrRefuses(t *testing.T) {
+	f, srv := startFleet(t, 1)
+	w := f.Workers()[0]
+	seed, other := int64(42), int64(43)
+	yes, no := true, false
+	gen := func(s openai.Sampling) (string, error) {
+		t.Helper()
+		ch, err := w.Generate(context.Background(), &worker.Request{ID: "same", TokenIDs: []int32{1, 2, 3}, Sampling: s})
+		if err != nil {
+			return "", err
+		}
+		text, _, done := collect(t, ch)
+		require.NoError(t, done.Err)
+		return text, nil
+	}
+	a, err := gen(openai.Sampling{MaxTokens: 6, Seed: &seed})
+	require.NoError(t, err)
+	b, err := gen(openai.Sampling{MaxTokens: 6, Seed: &seed, IgnoreEOS: true, MinTokens: 6, SkipSpecialTokens: &no, SpacesBetweenSpecialTokens: &yes})
+	require.NoError(t, err)
+	require.Equal(t, a, b, "the same seed draws the same tokens")
+	c, err := gen(openai.Sampling{MaxTokens: 6, Seed: &other})
+	require.NoError(t, err)
+	require.NotEqual(t, a, c)
+	one := 1.0
+	_, err = gen(openai.Sampling{MaxTokens: 2, Temperature: &one, TopP: &one})
+	require.NoError(t, err, "values that ask for nothing")
+
+	temp, k := 0.2, 3
+	for name, s := range map[string]openai.Sampling{
+		"temperature":     {Temperature: &temp},
+		"stop":            {Stop: []string{"\n"}},
+		"logprobs":        {Logprobs: &k},
+		"top_k":           {TopK: &k},
+		"logit_bias":      {LogitBias: map[int32]float64{1: 5}},
+		"response_format": {ResponseFormat: json.RawMessage(`{"type":"json_object"}`)},
+		"min_tokens":      {MaxTokens: 2, MinTokens: 3},
+	} {
+		_, err := gen(s)
+		var re *openai.RequestError
+		require.ErrorAs(t, err, &re, name)
+		require.Equal(t, name, re.Param)
+		require.Nil(t, w.(worker.Checker).Check(&openai.Sampling{Seed: &seed}))
+	}
+
+	post := func(body, id string) (*http.Response, map[string]any) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
+		require.NoError(t, err)
+		if id != "" {
+			req.Header.Set("X-Request-Id", id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var out map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		return resp, out
+	}
+	resp, out := post(`{"prompt":"a b","max_tokens":2,"temperature":0.5}`, "")
+	require.Equal(t, 400, resp.StatusCode)
+	require.Equal(t, "temperature", out["error"].(map[string]any)["param"])
+	resp, out = post(`{"prompt":"a b","max_tokens":2,"echo":true}`, "")
+	require.Equal(t, 400, resp.StatusCode)
+	require.Equal(t, "echo", out["error"].(map[string]any)["param"])
+	resp, out = post(`{"prompt":"a b","max_tokens":2,"seed":5}`, "client-1")
+	require.Equal(t, 200, resp.StatusCode, "%v", out)
+	require.Equal(t, "client-1", resp.Header.Get("X-Request-Id"), "echoed as vLLM's --enable-request-id-headers does")
+	require.Equal(t, "cmpl-client-1", out["id"])
+}

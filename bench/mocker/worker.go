@@ -1,6 +1,7 @@
 package mocker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"dataplane/dataplane/openai"
 	"dataplane/dataplane/worker"
 	"dataplane/router"
 )
@@ -42,19 +44,44 @@ func (w *Worker) Close() error { return nil }
 // as the daemon), so every probe succeeds.
 func (w *Worker) Health(context.Context) error { return nil }
 
+// honoured are the sampling fields (openai.Sampling.Given) a mock engine honours: seed (the
+// request draws its tokens from its own generator, seeded with it) and those that cannot
+// change what it draws: it never draws an end-of-sequence token (ignore_eos), always generates
+// max_tokens (min_tokens), and its tokens' text has no special tokens. max_tokens it honours
+// too. Anything else (temperature, stop, logprobs, ...) would change a real engine's answer in
+// a way placeholder tokens cannot: refused.
+var honoured = map[string]bool{"seed": true, "ignore_eos": true, "min_tokens": true,
+	"skip_special_tokens": true, "spaces_between_special_tokens": true}
+
+// Check is worker.Checker's: an *openai.RequestError naming the first field of s the engine
+// does not honour.
+func (w *Worker) Check(s *openai.Sampling) error {
+	for _, name := range s.Given() {
+		if !honoured[name] {
+			return openai.Invalid(name, "the mock engine %s generates placeholder tokens and cannot honour %s (it honours max_tokens, seed, min_tokens, ignore_eos)", w.Name(), name)
+		}
+	}
+	if limit := cmp.Or(s.MaxTokens, DefaultMaxTokens); s.MinTokens > limit {
+		return openai.Invalid("min_tokens", "%d is more than max_tokens %d", s.MinTokens, limit)
+	}
+	return nil
+}
+
 // Generate submits the request to the engine. Events carry one word of text per token
 // (" t<token id>"), coalesced when the reader falls behind; the first event is the first
 // token; the last is Done with the prompt and cached token counts. Cancelling ctx aborts the
 // request in the engine and ends the stream with ctx's error. A full engine queue is
-// worker.ErrUnavailable.
+// worker.ErrUnavailable; a sampling field it does not honour (Check) an *openai.RequestError.
 func (w *Worker) Generate(ctx context.Context, req *worker.Request) (<-chan worker.Event, error) {
+	if err := w.Check(&req.Sampling); err != nil {
+		return nil, err
+	}
 	r, err := RequestFromWorker(req)
 	if err != nil {
 		return nil, err
 	}
-	if r.ID == "" {
-		r.ID = w.Name() + "-" + strconv.FormatUint(w.ids.Add(1), 10)
-	}
+	// The engine's id is the worker's own: a client may reuse its request id (X-Request-Id).
+	r.ID = w.Name() + "-" + strconv.FormatUint(w.ids.Add(1), 10)
 	mb := newMailbox()
 	r.Sink = mb.put
 	if err := w.fleet.Submit(ctx, w.i, r); err != nil {
@@ -70,7 +97,8 @@ func (w *Worker) Generate(ctx context.Context, req *worker.Request) (<-chan work
 
 // RequestFromWorker converts the daemon's request (token ids, media spans, salt, sampling).
 func RequestFromWorker(req *worker.Request) (*Request, error) {
-	r := &Request{ID: req.ID, Salt: req.CacheSalt, MaxTokens: req.Sampling.MaxTokens, Tokens: make([]uint32, len(req.TokenIDs))}
+	r := &Request{ID: req.ID, Salt: req.CacheSalt, MaxTokens: req.Sampling.MaxTokens, Seed: req.Sampling.Seed,
+		Tokens: make([]uint32, len(req.TokenIDs))}
 	if r.MaxTokens == 0 {
 		r.MaxTokens = DefaultMaxTokens
 	}

@@ -56,4 +56,14 @@ func TestServeWithHTTPEnginesAndKVEvents(t *testing.T) {
 	// As vLLM does, the engine computes at least the prompt's last token, so its last full block
 	// is not taken from the cache: 9 of the 10 blocks are.
 	require.Equal(t, float64(144), details["cached_tokens"], "the engine found the prompt cached")
+
+	// serve forwards the sampling fields; an engine that cannot honour one (the mock: temperature)
+	// refuses it, and its 400 is the client's, naming the field.
+	code, out = postJSON(t, base+"/v1/completions", []byte(`{"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0.5}`))
+	require.Equal(t, 400, code, "%v", out)
+	e := out["error"].(map[string]any)
+	require.Equal(t, "temperature", e["param"])
+	require.Contains(t, e["message"], "the LLM worker refused the request: temperature: the mock engine")
+	code, out = postJSON(t, base+"/v1/completions", []byte(`{"prompt": [1, 2, 3], "max_tokens": 2, "seed": 5}`))
+	require.Equal(t, 200, code, "%v", out)
 }

@@ -78,6 +78,54 @@ func TestServeDefaultsWithMockFleet(t *testing.T) {
 	require.Regexp(t, `dataplane_router_kv_blocks_total\{op="stored"\} [1-9]`, string(metrics))
 }
 
+// The in-process mock engines honour max_tokens and seed; a field they cannot honour is a 400
+// naming it, before any work is done; the client's X-Request-Id is echoed and names the
+// routing decision.
+func TestServeMockFleetHonoursOrRefuses(t *testing.T) {
+	base, _ := startServe(t, "--mock-speedup", "20")
+	chat := func(fields, id string) (int, http.Header, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
+			strings.NewReader(`{"messages":[{"role":"user","content":"hello there"}],"max_tokens":5`+fields+`}`))
+		require.NoError(t, err)
+		if id != "" {
+			req.Header.Set("X-Request-Id", id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var out map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		return resp.StatusCode, resp.Header, out
+	}
+	for _, c := range []struct{ fields, param string }{
+		{`,"temperature":0.5`, "temperature"},
+		{`,"logprobs":true`, "logprobs"},
+		{`,"stop":["\n"]`, "stop"},
+		{`,"response_format":{"type":"json_object"}`, "response_format"},
+		{`,"presence_penalty":1`, "presence_penalty"},
+	} {
+		code, _, out := chat(c.fields, "")
+		require.Equal(t, 400, code, "%s: %v", c.fields, out)
+		e := out["error"].(map[string]any)
+		require.Equal(t, c.param, e["param"])
+		require.Contains(t, e["message"], "generates placeholder tokens and cannot honour "+c.param)
+	}
+	text := func(out map[string]any) string {
+		return out["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"].(string)
+	}
+	code, hdr, a := chat(`,"seed":7,"temperature":1,"ignore_eos":true`, "seeded-1")
+	require.Equal(t, 200, code, "%v", a)
+	require.Equal(t, "seeded-1", hdr.Get("X-Request-Id"))
+	resp, err := http.Get(base + "/debug/route?request_id=seeded-1")
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode)
+	resp.Body.Close()
+	code, _, b := chat(`,"seed":7`, "seeded-1")
+	require.Equal(t, 200, code, "%v", b)
+	require.Equal(t, text(a), text(b), "the same seed, the same tokens, whichever engine")
+}
+
 type routed struct {
 	Worker string `json:"worker"`
 	Scores []struct {

@@ -55,6 +55,10 @@ func (s *Server) apiRoute(ctx *fasthttp.RequestCtx, path []byte) (string, bool) 
 		s.debugRoute(ctx)
 		return "/debug/route", true
 	}
+	if id, ok := bytes.CutPrefix(path, []byte("/v1/models/")); ok {
+		s.model(ctx, string(id))
+		return "/v1/models/{id}", true
+	}
 	if !s.opts.Pprof || !bytes.HasPrefix(path, []byte("/debug/pprof")) {
 		return "", false
 	}
@@ -89,6 +93,12 @@ func (s *Server) post(ctx *fasthttp.RequestCtx, endpoint string, parse func([]by
 		writeAPIError(ctx, &Error{Status: http.StatusServiceUnavailable, Type: "overloaded_error", Message: "no models loaded"})
 		return
 	}
+	// The request id: the client's X-Request-Id when it is a good one (openai.RequestIDOK),
+	// else vLLM's request_id body field, else one made here; echoed on every answer.
+	id := string(ctx.Request.Header.Peek("X-Request-Id"))
+	if !openai.RequestIDOK(id) {
+		id = ""
+	}
 	acct := s.svc.Memory().Account()
 	body, err := s.readBody(ctx, s.cut, acct)
 	var req parsed
@@ -99,7 +109,16 @@ func (s *Server) post(ctx *fasthttp.RequestCtx, endpoint string, parse func([]by
 	if err == nil {
 		req, err = parse(body)
 	}
+	if id == "" && err == nil {
+		id = req.p.Ext.RequestID
+	}
+	if err == nil {
+		req.p.ID = id // "": Run makes one
+	} else if id == "" {
+		id = s.svc.NewRequestID()
+	}
 	if err != nil {
+		ctx.Response.Header.Set("X-Request-Id", id)
 		acct.Close()
 		writeAPIError(ctx, ErrorOf(err))
 		return
@@ -113,6 +132,7 @@ type parsed struct {
 	p                    *dataplane.Prompt
 	stream, includeUsage bool
 	format               streamFormat
+	echo                 string // text before the completion's (completions' echo)
 }
 
 func writeAPIError(ctx *fasthttp.RequestCtx, e *Error) {
@@ -152,9 +172,26 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
 	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
 	if s.svc != nil {
-		list.Data = append(list.Data, openai.Model{ID: s.svc.Models().Name, Object: "model", Created: s.started.Unix(), OwnedBy: "dataplane"})
+		list.Data = append(list.Data, s.servedModel())
 	}
 	writeJSON(ctx, list)
+}
+
+func (s *Server) servedModel() openai.Model {
+	return openai.Model{ID: s.svc.Models().Name, Object: "model", Created: s.started.Unix(), OwnedBy: "dataplane"}
+}
+
+// model answers GET /v1/models/{id}: OpenAI's retrieve-model object for the served model (the
+// id may hold slashes, as Hugging Face names do), else a 404 with vLLM's words for a model it
+// does not serve (vllm/entrypoints/openai/engine/serving.py, _check_model, at 00bd1493; vLLM
+// itself has no such route).
+func (s *Server) model(ctx *fasthttp.RequestCtx, id string) {
+	if s.svc != nil && id == s.svc.Models().Name {
+		writeJSON(ctx, s.servedModel())
+		return
+	}
+	writeAPIError(ctx, &Error{Status: http.StatusNotFound, Type: "not_found_error", Param: "model",
+		Message: fmt.Sprintf("The model `%s` does not exist.", id)})
 }
 
 func (s *Server) debugRoute(ctx *fasthttp.RequestCtx) {
@@ -208,7 +245,11 @@ func (s *Server) chat(body []byte) (parsed, error) {
 		return parsed{}, err
 	}
 	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext}
-	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: chatStream{}}, nil
+	f := chatStream{}
+	if req.Sampling.Logprobs != nil {
+		f.top = *req.Sampling.Logprobs
+	}
+	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: f}, nil
 }
 
 func (s *Server) completions(body []byte) (parsed, error) {
@@ -216,9 +257,15 @@ func (s *Server) completions(body []byte) (parsed, error) {
 	if err == nil {
 		err = s.checkModel(req.Model)
 	}
+	// echo: the prompt as the client wrote it, token ids as the tokenizer decodes them.
+	echo := ""
 	if err == nil && req.PromptIDs == nil {
-		req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: true})
-		if err != nil {
+		echo = req.Prompt
+		if req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: req.AddSpecialTokens}); err != nil {
+			err = BadRequest("prompt", "%v", err)
+		}
+	} else if err == nil && req.Echo {
+		if echo, err = s.svc.Tokenizer().Decode(req.PromptIDs, tokenizer.DecodeOptions{}); err != nil {
 			err = BadRequest("prompt", "%v", err)
 		}
 	}
@@ -228,8 +275,11 @@ func (s *Server) completions(body []byte) (parsed, error) {
 	if err != nil {
 		return parsed{}, err
 	}
+	if !req.Echo {
+		echo = ""
+	}
 	p := &dataplane.Prompt{Tokens: req.PromptIDs, Style: sequence.PlaceholderSingle, Sampling: req.Sampling, Ext: req.Ext}
-	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: completionStream{}}, nil
+	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: completionStream{}, echo: echo}, nil
 }
 
 func (s *Server) pretokenized(body []byte) (parsed, error) {
@@ -251,43 +301,52 @@ func (s *Server) pretokenized(body []byte) (parsed, error) {
 	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: completionStream{}}, nil
 }
 
-// streamFormat writes a generation as one endpoint's responses.
+// streamFormat writes a generation as one endpoint's responses; lp are the engine's logprobs
+// (the completions layout) for the chunk's tokens, or all of them, nil when none came.
 type streamFormat interface {
-	chunk(g *dataplane.Generation, text string, finish *string, usage *openai.Usage) any
-	whole(g *dataplane.Generation, text, finish string, usage openai.Usage) any
+	chunk(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish *string, usage *openai.Usage) any
+	whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any
 }
 
-type chatStream struct{}
+// chatStream writes chat answers; logprobs in chat's layout with top alternatives each.
+type chatStream struct{ top int }
 
-func (chatStream) chunk(g *dataplane.Generation, text string, finish *string, usage *openai.Usage) any {
+func (f chatStream) logprobs(lp *openai.CompletionLogprobs) *openai.ChatLogprobs {
+	if lp == nil {
+		return nil
+	}
+	return openai.ChatLogprobsOf(lp, f.top)
+}
+
+func (f chatStream) chunk(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish *string, usage *openai.Usage) any {
 	c := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: openai.Now(), Model: g.Model, Usage: usage,
-		Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Content: text}, FinishReason: finish}}}
+		Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Content: text}, Logprobs: f.logprobs(lp), FinishReason: finish}}}
 	if usage != nil {
 		c.Choices = []openai.ChatChunkChoice{}
 	}
 	return c
 }
 
-func (chatStream) whole(g *dataplane.Generation, text, finish string, usage openai.Usage) any {
+func (f chatStream) whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any {
 	return openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
-		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, FinishReason: finish}}}
+		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, Logprobs: f.logprobs(lp), FinishReason: finish}}}
 }
 
 type completionStream struct{}
 
-func (completionStream) chunk(g *dataplane.Generation, text string, finish *string, usage *openai.Usage) any {
+func (completionStream) chunk(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish *string, usage *openai.Usage) any {
 	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: usage,
-		Choices: []openai.CompletionChoice{{Text: text, FinishReason: finish}}}
+		Choices: []openai.CompletionChoice{{Text: text, Logprobs: lp, FinishReason: finish}}}
 	if usage != nil {
 		c.Choices = []openai.CompletionChoice{}
 	}
 	return c
 }
 
-func (completionStream) whole(g *dataplane.Generation, text, finish string, usage openai.Usage) any {
+func (completionStream) whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any {
 	f := finish
 	return openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
-		Choices: []openai.CompletionChoice{{Text: text, FinishReason: &f}}}
+		Choices: []openai.CompletionChoice{{Text: text, Logprobs: lp, FinishReason: &f}}}
 }
 
 // generate runs a prompt and answers with the whole completion or a stream of chunks, and
@@ -295,6 +354,10 @@ func (completionStream) whole(g *dataplane.Generation, text, finish string, usag
 // connection) or the answer is written.
 func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed) {
 	p, stream, includeUsage, f := req.p, req.stream, req.includeUsage, req.format
+	if p.ID == "" {
+		p.ID = s.svc.NewRequestID()
+	}
+	ctx.Response.Header.Set("X-Request-Id", p.ID)
 	start := time.Now()
 	finished := func(outcome string) {
 		s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
@@ -323,11 +386,19 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 		defer cancel()
 		defer stopWatch()
 		var text strings.Builder
+		text.WriteString(req.echo)
 		var done worker.Event
+		var lp *openai.CompletionLogprobs
 		completion := 0
 		for ev := range g.Events {
 			text.WriteString(ev.Text)
 			completion += ev.Tokens
+			if ev.Logprobs != nil {
+				if lp == nil {
+					lp = &openai.CompletionLogprobs{}
+				}
+				lp.Append(ev.Logprobs)
+			}
 			if ev.Done {
 				done = ev
 			}
@@ -339,7 +410,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 			return
 		}
 		finished("ok")
-		writeJSON(ctx, f.whole(g, text.String(), done.FinishReason, usage(g, done, completion)))
+		writeJSON(ctx, f.whole(g, text.String(), lp, done.FinishReason, usage(g, done, completion)))
 		return
 	}
 	stopWatch() // the stream's writes notice a client that left
@@ -357,6 +428,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 				return
 			}
 		}
+		if req.echo != "" && sse.Event(f.chunk(g, req.echo, nil, nil, nil)) != nil {
+			return
+		}
 		completion := 0
 		for ev := range g.Events {
 			if ev.Done {
@@ -368,12 +442,12 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 				}
 				outcome = "ok"
 				finish := ev.FinishReason
-				if sse.Event(f.chunk(g, "", &finish, nil)) != nil {
+				if sse.Event(f.chunk(g, ev.Text, ev.Logprobs, &finish, nil)) != nil {
 					return
 				}
 				if includeUsage {
 					u := usage(g, ev, completion)
-					if sse.Event(f.chunk(g, "", nil, &u)) != nil {
+					if sse.Event(f.chunk(g, "", nil, nil, &u)) != nil {
 						return
 					}
 				}
@@ -381,7 +455,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 				return
 			}
 			completion += ev.Tokens
-			if sse.Event(f.chunk(g, ev.Text, nil, nil)) != nil {
+			if sse.Event(f.chunk(g, ev.Text, ev.Logprobs, nil, nil)) != nil {
 				return // the client left: cancel releases everything
 			}
 		}

@@ -63,15 +63,6 @@ type Part struct {
 	Media  *Media
 }
 
-// Sampling are the generation parameters the daemon passes to the LLM worker.
-type Sampling struct {
-	MaxTokens   int      // 0: the server's default
-	Temperature *float64 // nil: the worker's default
-	TopP        *float64
-	Seed        *int64
-	Stop        []string
-}
-
 // Extensions are dataplane's own request fields.
 type Extensions struct {
 	// CachePolicy: "discard" (default), "keep[:TTL]", "until-done" (see features.ParsePolicy).
@@ -82,6 +73,9 @@ type Extensions struct {
 	CacheSalt string
 	// Priority: "interactive" (default) or "batch"; interactive work is encoded first.
 	Priority string
+	// RequestID is vLLM's request_id body field: the request's id when no X-Request-Id header
+	// gives one ("" : none given).
+	RequestID string
 }
 
 // ChatRequest is a parsed POST /v1/chat/completions.
@@ -103,9 +97,13 @@ type CompletionRequest struct {
 	Stream    bool
 	// IncludeUsage: stream_options.include_usage, a last chunk with the usage.
 	IncludeUsage bool
-	Echo         bool
-	Sampling     Sampling
-	Ext          Extensions
+	// Echo puts the prompt's text before the completion's (the daemon writes it).
+	Echo bool
+	// AddSpecialTokens: a text prompt is tokenized with the model's special tokens (BOS);
+	// true unless the request says add_special_tokens: false.
+	AddSpecialTokens bool
+	Sampling         Sampling
+	Ext              Extensions
 }
 
 // PretokenizedRequest is a parsed POST /v1/pretokenized: token ids with the model's
@@ -149,24 +147,27 @@ type streamOptions struct {
 
 // rawCommon is what every generation request carries besides its prompt.
 type rawCommon struct {
-	Model         string          `json:"model"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
-	MaxTokens     *int            `json:"max_tokens"`
-	Temperature   *float64        `json:"temperature"`
-	TopP          *float64        `json:"top_p"`
-	N             *int            `json:"n"`
-	Seed          *int64          `json:"seed"`
-	Stop          json.RawMessage `json:"stop"`
-	CachePolicy   string          `json:"cache_policy"`
-	TextFallback  bool            `json:"text_fallback"`
-	CacheSalt     string          `json:"cache_salt"`
-	Priority      string          `json:"priority"`
+	rawSampling
+	rawRefused
+	Model         string         `json:"model"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options"`
+	MaxTokens     *int           `json:"max_tokens"`
+	CachePolicy   string         `json:"cache_policy"`
+	TextFallback  bool           `json:"text_fallback"`
+	CacheSalt     string         `json:"cache_salt"`
+	Priority      string         `json:"priority"`
+	RequestID     *string        `json:"request_id"`
+	// Logprobs is a bool in chat (with top_logprobs), a count in completions.
+	Logprobs json.RawMessage `json:"logprobs"`
 }
 
 // check checks the common fields; maxTokens, when not nil, stands for MaxTokens (chat's
 // max_completion_tokens).
 func (c *rawCommon) check(maxTokens *int, lim Limits) (includeUsage bool, s Sampling, e Extensions, err error) {
+	if err = refuse(&c.rawRefused); err != nil {
+		return false, s, e, err
+	}
 	if c.StreamOptions != nil {
 		if !c.Stream {
 			return false, s, e, Invalid("stream_options", "stream_options is only allowed with stream: true")
@@ -176,22 +177,31 @@ func (c *rawCommon) check(maxTokens *int, lim Limits) (includeUsage bool, s Samp
 	if maxTokens == nil {
 		maxTokens = c.MaxTokens
 	}
-	if s, err = sampling(maxTokens, c.Temperature, c.TopP, c.N, c.Seed, c.Stop, lim); err != nil {
+	if s, err = c.sampling(maxTokens, lim); err != nil {
 		return false, s, e, err
 	}
-	e, err = extensions(c.CachePolicy, c.TextFallback, c.CacheSalt, c.Priority)
+	if e, err = extensions(c.CachePolicy, c.TextFallback, c.CacheSalt, c.Priority); err != nil {
+		return false, s, e, err
+	}
+	e.RequestID, err = requestID(c.RequestID)
 	return includeUsage, s, e, err
 }
 
 type rawChat struct {
 	rawCommon
-	Messages            []rawMessage `json:"messages"`
-	MaxCompletionTokens *int         `json:"max_completion_tokens"`
+	rawChatRefused
+	Messages            []rawMessage    `json:"messages"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	TopLogprobs         *int            `json:"top_logprobs"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	// ParallelToolCalls is accepted: without tools it changes nothing, in vLLM either.
+	ParallelToolCalls *bool `json:"parallel_tool_calls"`
 }
 
 type rawMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls json.RawMessage `json:"tool_calls"`
 }
 
 type rawURL struct {
@@ -228,6 +238,15 @@ func ParseChat(body []byte, lim Limits) (*ChatRequest, error) {
 	if req.IncludeUsage, req.Sampling, req.Ext, err = raw.check(raw.MaxCompletionTokens, lim); err != nil {
 		return nil, err
 	}
+	if err := refuse(&raw.rawChatRefused); err != nil {
+		return nil, err
+	}
+	if req.Sampling.Logprobs, err = chatLogprobs(raw.Logprobs, raw.TopLogprobs); err != nil {
+		return nil, err
+	}
+	if tc := bytes.TrimSpace(raw.ToolChoice); len(tc) > 0 && string(tc) != "null" && string(tc) != `"none"` {
+		return nil, Invalid("tool_choice", "tool_choice needs tools, which are not supported (see tools)")
+	}
 	if len(raw.Messages) == 0 {
 		return nil, Invalid("messages", "at least one message is required")
 	}
@@ -239,6 +258,9 @@ func ParseChat(body []byte, lim Limits) (*ChatRequest, error) {
 		path := fmt.Sprintf("messages[%d]", i)
 		if !roles[rm.Role] {
 			return nil, Invalid(path+".role", "role %q (want system, developer, user, assistant or tool)", rm.Role)
+		}
+		if tc := bytes.TrimSpace(rm.ToolCalls); len(tc) > 0 && string(tc) != "null" && string(tc) != "[]" {
+			return nil, Invalid(path+".tool_calls", "tool calls are not supported (see tools)")
 		}
 		m := Message{Role: rm.Role}
 		content := bytes.TrimSpace(rm.Content)
@@ -346,8 +368,9 @@ func part(rp rawPart, path string) (Part, error) {
 
 type rawCompletion struct {
 	rawCommon
-	Prompt json.RawMessage `json:"prompt"`
-	Echo   bool            `json:"echo"`
+	Prompt           json.RawMessage `json:"prompt"`
+	Echo             bool            `json:"echo"`
+	AddSpecialTokens *bool           `json:"add_special_tokens"`
 }
 
 // ParseCompletion parses and checks a text completion request body. The prompt is one string
@@ -357,10 +380,19 @@ func ParseCompletion(body []byte, lim Limits) (*CompletionRequest, error) {
 	if err := decode(body, &raw); err != nil {
 		return nil, err
 	}
-	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo}
+	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo, AddSpecialTokens: true}
 	var err error
 	if req.IncludeUsage, req.Sampling, req.Ext, err = raw.check(nil, lim); err != nil {
 		return nil, err
+	}
+	if req.Sampling.Logprobs, err = completionLogprobs(raw.Logprobs); err != nil {
+		return nil, err
+	}
+	if req.Echo && req.Sampling.Logprobs != nil {
+		return nil, Invalid("echo", "echo with logprobs is not supported: the prompt's logprobs are not carried")
+	}
+	if raw.AddSpecialTokens != nil {
+		req.AddSpecialTokens = *raw.AddSpecialTokens
 	}
 	if req.Sampling.MaxTokens == 0 {
 		req.Sampling.MaxTokens = 16 // OpenAI's default for completions
@@ -421,6 +453,9 @@ func ParsePretokenized(body []byte, lim Limits) (*PretokenizedRequest, error) {
 	if req.IncludeUsage, req.Sampling, req.Ext, err = raw.check(nil, lim); err != nil {
 		return nil, err
 	}
+	if req.Sampling.Logprobs, err = completionLogprobs(raw.Logprobs); err != nil {
+		return nil, err
+	}
 	switch req.Style {
 	case "":
 		req.Style = "single"
@@ -475,7 +510,10 @@ func decode(body []byte, v any) error {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && typeErr.Field != "" {
 			// encoding/json names a field of an embedded struct with the struct's type first.
-			field := strings.TrimPrefix(typeErr.Field, "rawCommon.")
+			field := typeErr.Field
+			for _, embedded := range []string{"rawCommon.", "rawSampling.", "rawRefused.", "rawChatRefused."} {
+				field = strings.TrimPrefix(field, embedded)
+			}
 			return Invalid(field, "want %s, got %s", jsonKind(typeErr.Type), typeErr.Value)
 		}
 		return Invalid("", "malformed JSON: %v", jsonMessage(err))
@@ -511,43 +549,6 @@ func jsonMessage(err error) string {
 		return fmt.Sprintf("%v (at byte %d)", syn, syn.Offset)
 	}
 	return err.Error()
-}
-
-func sampling(maxTokens *int, temp, topP *float64, n *int, seed *int64, stop json.RawMessage, lim Limits) (Sampling, error) {
-	s := Sampling{Temperature: temp, TopP: topP, Seed: seed}
-	if maxTokens != nil {
-		if *maxTokens < 1 || *maxTokens > lim.MaxTokens {
-			return s, Invalid("max_tokens", "%d (want 1..%d)", *maxTokens, lim.MaxTokens)
-		}
-		s.MaxTokens = *maxTokens
-	}
-	if temp != nil && (*temp < 0 || *temp > 2 || *temp != *temp) {
-		return s, Invalid("temperature", "%v (want 0..2)", *temp)
-	}
-	if topP != nil && (*topP <= 0 || *topP > 1) {
-		return s, Invalid("top_p", "%v (want 0 < top_p <= 1)", *topP)
-	}
-	if n != nil && *n != 1 {
-		return s, Invalid("n", "%d: only n = 1 is supported", *n)
-	}
-	stop = bytes.TrimSpace(stop)
-	switch {
-	case len(stop) == 0 || string(stop) == "null":
-	case stop[0] == '"':
-		var one string
-		if err := json.Unmarshal(stop, &one); err != nil {
-			return s, Invalid("stop", "bad string: %v", err)
-		}
-		s.Stop = []string{one}
-	default:
-		if err := json.Unmarshal(stop, &s.Stop); err != nil {
-			return s, Invalid("stop", "want a string or a list of up to 4 strings")
-		}
-		if len(s.Stop) > 4 {
-			return s, Invalid("stop", "%d stop sequences, at most 4", len(s.Stop))
-		}
-	}
-	return s, nil
 }
 
 func extensions(policy string, fallback bool, salt, priority string) (Extensions, error) {

@@ -146,9 +146,17 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}},{"type":"text","text":"x"}]}]}`))
 	f.Add([]byte(`{"prompt":[[1,2]],"stop":["a"]}`))
 	f.Add([]byte(`{"token_ids":[5],"media":[{"modality":"audio","data":"AAAA"}]}`))
+	// the sampling and output fields, forwarded or refused
+	f.Add([]byte(`{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2,"logit_bias":{"5":-1},` +
+		`"stop_token_ids":[1],"top_k":5,"min_p":0.1,"repetition_penalty":1.2,"min_tokens":1,"max_tokens":4,"ignore_eos":true,` +
+		`"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{}}},"tool_choice":"none","user":"u"}`))
+	f.Add([]byte(`{"prompt":"x","logprobs":3,"echo":false,"structured_outputs":{"choice":["a","b"]},"request_id":"r-1",` +
+		`"skip_special_tokens":false,"bad_words":["b"],"allowed_token_ids":[3],"presence_penalty":1,"seed":-1}`))
+	f.Add([]byte(`{"messages":[{"role":"assistant","content":"a","tool_calls":[]}],"tools":null,"use_beam_search":false,"best_of":1,"echo":true}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		check := func(err error) {
+		check := func(s *Sampling, err error) {
 			if err == nil {
+				s.Given()
 				return
 			}
 			var re *RequestError
@@ -156,11 +164,21 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("error %v is not a *RequestError", err)
 			}
 		}
-		_, err := ParseChat(body, DefaultLimits())
-		check(err)
-		_, err = ParseCompletion(body, DefaultLimits())
-		check(err)
-		_, err = ParsePretokenized(body, DefaultLimits())
-		check(err)
+		var s Sampling
+		c, err := ParseChat(body, DefaultLimits())
+		if err == nil {
+			s = c.Sampling
+		}
+		check(&s, err)
+		p, err := ParseCompletion(body, DefaultLimits())
+		if err == nil {
+			s = p.Sampling
+		}
+		check(&s, err)
+		pt, err := ParsePretokenized(body, DefaultLimits())
+		if err == nil {
+			s = pt.Sampling
+		}
+		check(&s, err)
 	})
 }

@@ -28,9 +28,10 @@ type ChatCompletion struct {
 }
 
 type ChatChoice struct {
-	Index        int         `json:"index"`
-	Message      ChatMessage `json:"message"`
-	FinishReason string      `json:"finish_reason"`
+	Index        int           `json:"index"`
+	Message      ChatMessage   `json:"message"`
+	Logprobs     *ChatLogprobs `json:"logprobs"`
+	FinishReason string        `json:"finish_reason"`
 }
 
 type ChatMessage struct {
@@ -49,9 +50,10 @@ type ChatChunk struct {
 }
 
 type ChatChunkChoice struct {
-	Index        int       `json:"index"`
-	Delta        ChatDelta `json:"delta"`
-	FinishReason *string   `json:"finish_reason"`
+	Index        int           `json:"index"`
+	Delta        ChatDelta     `json:"delta"`
+	Logprobs     *ChatLogprobs `json:"logprobs,omitempty"`
+	FinishReason *string       `json:"finish_reason"`
 }
 
 type ChatDelta struct {
@@ -70,9 +72,10 @@ type Completion struct {
 }
 
 type CompletionChoice struct {
-	Index        int     `json:"index"`
-	Text         string  `json:"text"`
-	FinishReason *string `json:"finish_reason"`
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *CompletionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
 }
 
 // Model is one entry of GET /v1/models.

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"dataplane/dataplane/openai"
 	"dataplane/transfer"
 )
 
@@ -102,14 +103,10 @@ func statusText(code int) string { return strconv.Itoa(code) + " " + http.Status
 
 // completionBody is the engine's /v1/completions request.
 type completionBody struct {
+	sampling
 	Model         string         `json:"model,omitempty"`
 	Prompt        any            `json:"prompt,omitempty"`
 	PromptEmbeds  string         `json:"prompt_embeds,omitempty"`
-	MaxTokens     int            `json:"max_tokens,omitempty"`
-	Temperature   *float64       `json:"temperature,omitempty"`
-	TopP          *float64       `json:"top_p,omitempty"`
-	Seed          *int64         `json:"seed,omitempty"`
-	Stop          []string       `json:"stop,omitempty"`
 	Stream        bool           `json:"stream"`
 	StreamOptions map[string]any `json:"stream_options,omitempty"`
 	CacheSalt     string         `json:"cache_salt,omitempty"`
@@ -120,8 +117,7 @@ type completionBody struct {
 // on until the first SSE data event, so a silent engine fails either here or with a Done event
 // carrying an ErrUnavailable *Error before any token.
 func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error) {
-	body := completionBody{Model: h.opts.Model, MaxTokens: req.Sampling.MaxTokens, Temperature: req.Sampling.Temperature,
-		TopP: req.Sampling.TopP, Seed: req.Sampling.Seed, Stop: req.Sampling.Stop, Stream: true,
+	body := completionBody{sampling: samplingOf(&req.Sampling), Model: h.opts.Model, Stream: true,
 		StreamOptions: map[string]any{"include_usage": true}, CacheSalt: req.CacheSalt}
 	switch {
 	case h.opts.Embeds && req.Embeds.Rows > 0:
@@ -152,6 +148,9 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
+	if req.ID != "" {
+		hreq.Header.Set("X-Request-Id", req.ID) // vLLM's request id (its _base_request_id)
+	}
 	resp, err := h.client.Do(hreq)
 	if err != nil {
 		firstByte.Stop()
@@ -167,6 +166,9 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 		err := &Error{Class: "answered " + statusText(resp.StatusCode),
 			Err: fmt.Errorf("%s answered %s: %s", h.opts.BaseURL, resp.Status, bytes.TrimSpace(msg))}
 		err.Unavailable = resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
+		if resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity {
+			err = refused(err, msg)
+		}
 		return nil, err
 	}
 	events := make(chan Event, 16)
@@ -206,11 +208,56 @@ func (h *HTTP) failure(ctx, gctx context.Context, late *atomic.Bool, cause error
 	return unavailable(cause, "%s", class)
 }
 
-// chunk is one streamed completion chunk.
+// refused is the engine's refusal of the request (its 400: a field it does not take, a value
+// out of its range, a prompt too long): a client's error, so the client reads the engine's
+// message and param (*openai.RequestError in the chain), bounded to 512 bytes.
+func refused(err *Error, body []byte) *Error {
+	var e engineError
+	if json.Unmarshal(body, &e) != nil || e.message() == "" {
+		return err
+	}
+	msg := e.message()
+	if len(msg) > 512 {
+		msg = msg[:512] + "..."
+	}
+	err.Class = "refused the request: " + msg
+	err.Err = errors.Join(err.Err, &openai.RequestError{Param: e.param(), Message: "the LLM worker refused the request: " + msg})
+	return err
+}
+
+// engineError is an engine's error body: vLLM's {"error": {"message", "type", "param", "code"}}
+// (older: the fields at the top level, with "object": "error").
+type engineError struct {
+	Error *struct {
+		Message string `json:"message"`
+		Param   any    `json:"param"`
+	} `json:"error"`
+	Message string `json:"message"`
+	Param   any    `json:"param"`
+}
+
+func (e *engineError) message() string {
+	if e.Error != nil {
+		return e.Error.Message
+	}
+	return e.Message
+}
+
+func (e *engineError) param() string {
+	p := e.Param
+	if e.Error != nil {
+		p = e.Error.Param
+	}
+	s, _ := p.(string)
+	return s
+}
+
+// chunk is one streamed completion chunk (or an error event).
 type chunk struct {
 	Choices []struct {
-		Text         string  `json:"text"`
-		FinishReason *string `json:"finish_reason"`
+		Text         string                     `json:"text"`
+		Logprobs     *openai.CompletionLogprobs `json:"logprobs"`
+		FinishReason *string                    `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens        int `json:"prompt_tokens"`
@@ -219,6 +266,9 @@ type chunk struct {
 			CachedTokens int `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
 }
 
 // forward sends every text chunk of an SSE stream as an event (until ctx ends) and returns
@@ -246,6 +296,10 @@ func forward(ctx context.Context, r io.Reader, out chan<- Event, first func()) E
 			done.Err = &Error{Class: "sent a malformed stream", Err: fmt.Errorf("bad chunk: %v", err)}
 			return done
 		}
+		if c.Error != nil { // vLLM's error event: the generation failed after the stream began
+			done.Err = &Error{Class: "failed mid-stream", Err: fmt.Errorf("error event: %s", c.Error.Message)}
+			return done
+		}
 		if c.Usage != nil {
 			done.PromptTokens = c.Usage.PromptTokens
 			if c.Usage.PromptTokensDetails != nil {
@@ -253,9 +307,19 @@ func forward(ctx context.Context, r io.Reader, out chan<- Event, first func()) E
 			}
 		}
 		for _, ch := range c.Choices {
-			if ch.Text != "" {
+			ev := Event{Text: ch.Text, Logprobs: ch.Logprobs}
+			switch {
+			case ch.Logprobs != nil && ch.Logprobs.Check() != nil:
+				done.Err = &Error{Class: "sent a malformed stream", Err: ch.Logprobs.Check()}
+				return done
+			case ch.Logprobs != nil:
+				ev.Tokens = len(ch.Logprobs.Tokens)
+			case ch.Text != "":
+				ev.Tokens = 1
+			}
+			if ev.Tokens > 0 || ev.Text != "" {
 				select {
-				case out <- Event{Text: ch.Text, Tokens: 1}:
+				case out <- ev:
 				case <-ctx.Done():
 					done.Err = ctx.Err()
 					return done

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -146,4 +147,138 @@ func TestHTTPWorkerFailures(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnavailable)
 	_, err = NewHTTP(HTTPOptions{BaseURL: "ftp://x"})
 	require.Error(t, err)
+}
+
+// The sampling and output fields reach the engine with vLLM's names, the request id as
+// X-Request-Id; the engine's logprobs come back per chunk; its 400 is the client's error,
+// with its message and param.
+func TestHTTPWorkerSamplingLogprobsAndRefusals(t *testing.T) {
+	type seen struct {
+		body map[string]any
+		id   string
+	}
+	got := make(chan seen, 4)
+	var answer func(w http.ResponseWriter)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		require.NoError(t, json.NewDecoder(r.Body).Decode(&body))
+		got <- seen{body, r.Header.Get("X-Request-Id")}
+		answer(w)
+	}))
+	defer srv.Close()
+	w, err := NewHTTP(HTTPOptions{BaseURL: srv.URL, Model: "m"})
+	require.NoError(t, err)
+	defer w.Close()
+
+	answer = func(w http.ResponseWriter) {
+		fmt.Fprint(w, `data: {"choices":[{"index":0,"text":"a b","logprobs":{"text_offset":[0,1],"token_logprobs":[-0.5,null],"tokens":["a"," b"],"top_logprobs":[{"a":-0.5,"z":-1},null]},"finish_reason":null}]}`+"\n\n")
+		fmt.Fprint(w, `data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
+	}
+	f := func(v float64) *float64 { return &v }
+	i := func(v int) *int { return &v }
+	seed, no := int64(11), false
+	s := openai.Sampling{MaxTokens: 8, Temperature: f(0.3), TopP: f(0.8), TopK: i(20), MinP: f(0.1), Seed: &seed,
+		Stop: []string{"\n"}, StopTokenIDs: []int32{2}, IncludeStopStrInOutput: true, PresencePenalty: f(0.2),
+		FrequencyPenalty: f(-0.2), RepetitionPenalty: f(1.05), LogitBias: map[int32]float64{42: -100},
+		AllowedTokenIDs: []int32{1, 42}, BadWords: []string{"no"}, MinTokens: 2, IgnoreEOS: true,
+		SkipSpecialTokens: &no, SpacesBetweenSpecialTokens: &no, Logprobs: i(1),
+		ResponseFormat: json.RawMessage(`{"type":"json_object"}`), StructuredOutputs: json.RawMessage(`{"choice":["a","b"]}`)}
+	ch, err := w.Generate(context.Background(), &Request{ID: "req-7", TokenIDs: []int32{1, 2}, Sampling: s, CacheSalt: "salt"})
+	require.NoError(t, err)
+	var events []Event
+	for ev := range ch {
+		events = append(events, ev)
+	}
+	require.Len(t, events, 2)
+	require.Equal(t, "a b", events[0].Text)
+	require.Equal(t, 2, events[0].Tokens, "tokens counted from the logprobs")
+	lp := events[0].Logprobs
+	require.NotNil(t, lp)
+	require.Equal(t, []string{"a", " b"}, lp.Tokens)
+	require.Equal(t, openai.TopLogprobs{{Token: "a", Logprob: -0.5}, {Token: "z", Logprob: -1}}, lp.TopLogprobs[0])
+	require.Nil(t, lp.TokenLogprobs[1])
+	require.Equal(t, "stop", events[1].FinishReason)
+	require.NoError(t, events[1].Err)
+
+	sent := <-got
+	require.Equal(t, "req-7", sent.id)
+	want := `{"model":"m","prompt":[1,2],"stream":true,"stream_options":{"include_usage":true},"cache_salt":"salt",
+		"max_tokens":8,"temperature":0.3,"top_p":0.8,"top_k":20,"min_p":0.1,"seed":11,"stop":["\n"],"stop_token_ids":[2],
+		"include_stop_str_in_output":true,"presence_penalty":0.2,"frequency_penalty":-0.2,"repetition_penalty":1.05,
+		"logit_bias":{"42":-100},"allowed_token_ids":[1,42],"bad_words":["no"],"min_tokens":2,"ignore_eos":true,
+		"skip_special_tokens":false,"spaces_between_special_tokens":false,"logprobs":1,
+		"response_format":{"type":"json_object"},"structured_outputs":{"choice":["a","b"]}}`
+	b, _ := json.Marshal(sent.body)
+	require.JSONEq(t, want, string(b))
+
+	// Nothing given: nothing sent but max_tokens (the engine's defaults apply), no header.
+	ch, err = w.Generate(context.Background(), &Request{TokenIDs: []int32{1}, Sampling: openai.Sampling{MaxTokens: 1}})
+	require.NoError(t, err)
+	drain(t, ch)
+	sent = <-got
+	require.Empty(t, sent.id)
+	b, _ = json.Marshal(sent.body)
+	require.JSONEq(t, `{"model":"m","prompt":[1],"stream":true,"stream_options":{"include_usage":true},"max_tokens":1}`, string(b))
+
+	// vLLM's 400 (both of its layouts): the client's error, naming the engine's param.
+	for _, body := range []string{
+		`{"error":{"message":"logprobs: must be <= 20","type":"BadRequestError","param":"logprobs","code":400}}`,
+		`{"object":"error","message":"logprobs: must be <= 20","type":"BadRequestError","param":"logprobs","code":400}`,
+	} {
+		answer = func(w http.ResponseWriter) { http.Error(w, body, http.StatusBadRequest) }
+		_, err = w.Generate(context.Background(), &Request{Sampling: s})
+		<-got
+		var re *openai.RequestError
+		require.True(t, errors.As(err, &re), "%v", err)
+		require.Equal(t, "logprobs", re.Param)
+		require.Equal(t, "the LLM worker refused the request: logprobs: must be <= 20", re.Message)
+		require.Equal(t, "refused the request: logprobs: must be <= 20", Public(err))
+		require.NotErrorIs(t, err, ErrUnavailable)
+	}
+	answer = func(w http.ResponseWriter) { http.Error(w, "not json", http.StatusBadRequest) }
+	_, err = w.Generate(context.Background(), &Request{Sampling: s})
+	<-got
+	require.Equal(t, "answered 400 Bad Request", Public(err), "a body that says nothing: the status")
+
+	// vLLM's error event after the stream began.
+	answer = func(w http.ResponseWriter) {
+		fmt.Fprint(w, "data: {\"error\":{\"message\":\"Internal server error\",\"type\":\"InternalServerError\",\"code\":500}}\n\ndata: [DONE]\n\n")
+	}
+	ch, err = w.Generate(context.Background(), &Request{Sampling: s})
+	require.NoError(t, err)
+	_, done := drain(t, ch)
+	<-got
+	require.Equal(t, "failed mid-stream", Public(done.Err))
+	require.ErrorContains(t, done.Err, "Internal server error")
+
+	// Logprobs whose lists disagree are a malformed stream.
+	answer = func(w http.ResponseWriter) {
+		fmt.Fprint(w, `data: {"choices":[{"index":0,"text":"a","logprobs":{"text_offset":[0],"token_logprobs":[],"tokens":["a"],"top_logprobs":[null]}}]}`+"\n\n")
+	}
+	ch, err = w.Generate(context.Background(), &Request{Sampling: s})
+	require.NoError(t, err)
+	_, done = drain(t, ch)
+	<-got
+	require.Equal(t, "sent a malformed stream", Public(done.Err))
+}
+
+// Any stream an engine may send: events and one last Done event, never a panic.
+func FuzzForward(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\",\"logprobs\":{\"text_offset\":[0],\"token_logprobs\":[-1],\"tokens\":[\"a\"],\"top_logprobs\":[{\"a\":-1}]}}]}\n\ndata: [DONE]\n\n"))
+	f.Add([]byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":1}}}\n\ndata: [DONE]\n"))
+	f.Add([]byte("data: {\"error\":{\"message\":\"x\"}}\n\n"))
+	f.Add([]byte(": comment\nevent: x\ndata: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"stop\"}]}\n"))
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		out := make(chan Event, len(stream)+1) // at most one event a byte: forward never blocks
+		done := forward(context.Background(), bytes.NewReader(stream), out, nil)
+		close(out)
+		if !done.Done {
+			t.Fatal("the last event is not Done")
+		}
+		for ev := range out {
+			if ev.Done || (ev.Logprobs != nil && ev.Logprobs.Check() != nil) {
+				t.Fatalf("bad event %+v", ev)
+			}
+		}
+	})
 }

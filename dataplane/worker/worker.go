@@ -3,10 +3,12 @@
 // the token events that come back, behind one interface that the in-process mocker fleet and
 // OpenAI-compatible HTTP engines (vLLM) both implement.
 //
-// Beside Worker, two optional interfaces: Prober (Health, the daemon's out-of-band probe; a
-// worker that is not one is always healthy) and Labeled (Label, the name clients read). Files:
+// Beside Worker, three optional interfaces: Prober (Health, the daemon's out-of-band probe; a
+// worker that is not one is always healthy), Labeled (Label, the name clients read) and
+// Checker (Check, the sampling fields a worker cannot honour: refused before any work). Files:
 // worker.go (the interfaces, Request, Event, ErrUnavailable, Label), http.go (HTTP: vLLM's
-// streamed /v1/completions and GET /health), errors.go (Error and its classes, Public).
+// streamed /v1/completions and GET /health), sampling.go (the sampling and output fields of
+// the engine's request), errors.go (Error and its classes, Public).
 //
 // HTTP bounds everything: a request's first byte (headers and the first SSE data event) by
 // HTTPOptions.FirstByteTimeout (30s), the whole generation by Timeout (10m), the connection by
@@ -16,7 +18,10 @@
 // off"), Err is the whole cause for the logs, and those that say the worker cannot take
 // requests now (unreachable, silent, 429 or 5xx, gone mid-stream) wrap ErrUnavailable: the
 // daemon then takes the worker out of routing until a probe succeeds and retries a request
-// that had no token yet on another worker.
+// that had no token yet on another worker. An engine's 400 (or 422) is the client's error: its
+// message and param reach the client as an *openai.RequestError in the chain (a 400), and the
+// worker stays in routing. HTTP sends the request's sampling and output fields with vLLM's
+// names, its id as X-Request-Id, and passes the engine's logprobs back in its events.
 package worker
 
 import (
@@ -37,6 +42,8 @@ type MediaSpan struct {
 
 // Request is one generation.
 type Request struct {
+	// ID is the request's id (the client's X-Request-Id when it gave one); HTTP workers send
+	// it as X-Request-Id, which vLLM takes as its request id. Not unique: a client may reuse one.
 	ID string
 	// TokenIDs is the prompt with every media item's placeholder run expanded to its token
 	// count (what the engine's KV cache holds, and what the router hashes).
@@ -54,8 +61,11 @@ type Request struct {
 
 // Event is one step of a generation. The last event has Done set (and Err on failure).
 type Event struct {
-	Text         string // new text since the previous event
-	Tokens       int    // new tokens since the previous event
+	Text   string // new text since the previous event
+	Tokens int    // new tokens since the previous event
+	// Logprobs are the new tokens' logprobs when the request asked for them
+	// (Sampling.Logprobs), in the completions layout.
+	Logprobs     *openai.CompletionLogprobs
 	FinishReason string // on Done: "stop", "length", ...
 	Done         bool
 	Err          error
@@ -80,6 +90,15 @@ type Worker interface {
 // healthy). Health returns nil when the worker takes requests; ctx bounds the probe.
 type Prober interface {
 	Health(ctx context.Context) error
+}
+
+// Checker is a worker that honours only some of the sampling and output fields a request may
+// give (openai.Sampling.Given): Check returns an *openai.RequestError naming the first it
+// cannot honour, so that the request is refused (400) before any work is done for it rather
+// than answered as if it had been honoured. A worker that is not a Checker takes them all
+// (vLLM: it checks them itself, and its 400 reaches the client as one).
+type Checker interface {
+	Check(s *openai.Sampling) error
 }
 
 // Labeled is a worker with a public label, the name client-facing messages give it (an HTTP

@@ -1,0 +1,52 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"dataplane/dataplane/openai"
+	"dataplane/dataplane/worker"
+)
+
+// NewRequestID makes a request id for a request whose client gave none: "dp-<unix
+// seconds>-<counter in hex>", unique in this process.
+func (s *Service) NewRequestID() string {
+	return fmt.Sprintf("dp-%d-%x", time.Now().Unix(), s.nextID.Add(1))
+}
+
+// requestKey is what the router and the feature store know a request by: its id when the
+// daemon made it (unique), else the client's id made unique (a client may reuse an id while
+// the first request still runs).
+func (s *Service) requestKey(id string, given bool) string {
+	if !given {
+		return id
+	}
+	return id + "#" + strconv.FormatUint(s.nextID.Add(1), 16)
+}
+
+// checkSampling refuses a sampling or output field that some LLM worker cannot honour
+// (worker.Checker; the router may pick any worker, so one that cannot is enough), before any
+// work is done for the request.
+func (s *Service) checkSampling(sm *openai.Sampling) error {
+	if len(sm.Given()) == 0 {
+		return nil
+	}
+	for _, e := range s.entries() {
+		c, ok := e.w.(worker.Checker)
+		if !ok {
+			continue
+		}
+		if err := c.Check(sm); err != nil {
+			var re *openai.RequestError
+			errors.As(err, &re)
+			param := ""
+			if re != nil {
+				param = re.Param
+			}
+			return &Error{Param: param, Kind: ErrInvalid, Err: err}
+		}
+	}
+	return nil
+}
