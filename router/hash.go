@@ -182,6 +182,13 @@ func MediaHash(id string) uint64 {
 	return xxh3.HashString(id)
 }
 
+// EmbedsDigestHash maps the SHA-256 digest vLLM keys a prompt_embeds block by (the block's
+// slice of the tensor: transfer.BlockDigest; a bin entry of the block's extra keys in its KV
+// events) to the 64-bit hash appended to that block: XXH3-64 of the 32 bytes, seed 0. A
+// request sent as prompt_embeds is hashed with tokens of zeros (what vLLM hashes for it) and
+// each full block's digest hash, so its blocks meet the ones its engine stored.
+func EmbedsDigestHash(digest []byte) uint64 { return xxh3.Hash(digest) }
+
 // IsMediaDigest reports whether a media identifier is one of vLLM's digests (64 hex digits),
 // which MediaHash shortens rather than hashes.
 func IsMediaDigest(id string) bool {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -133,4 +134,43 @@ func TestSequencePrefixProperty(t *testing.T) {
 	tail := append([]uint64(nil), local[5:]...)
 	Chain(tail, changed[4], true)
 	require.Equal(t, changed[5:], tail)
+}
+
+// A prompt_embeds request as vLLM's KV events describe it (tokens of zeros, each block keyed by
+// the SHA-256 of its slice of the tensor) hashes, with EmbedsDigestHash per block, to the
+// sequence vllm_ref.py computes with python3-xxhash (../transfer/testdata/vllm).
+func TestEmbedsBlocksAgainstReference(t *testing.T) {
+	var v struct {
+		Embeds struct {
+			Rows      int `json:"rows"`
+			BlockSize int `json:"block_size"`
+			Cases     []struct {
+				DType   string              `json:"dtype"`
+				Digests []string            `json:"digests"`
+				Seqs    map[string][]string `json:"router_sequence"`
+			} `json:"cases"`
+		} `json:"embeds"`
+	}
+	readJSON(t, "../../transfer/testdata/vllm/vectors.json", &v)
+	e := v.Embeds
+	require.NotEmpty(t, e.Cases)
+	h, err := NewHasher(e.BlockSize)
+	require.NoError(t, err)
+	for _, c := range e.Cases {
+		media := make([]Media, len(c.Digests))
+		for i, d := range c.Digests {
+			raw, err := hex.DecodeString(d)
+			require.NoError(t, err)
+			media[i] = Media{Hash: EmbedsDigestHash(raw), Offset: i * e.BlockSize, Length: e.BlockSize}
+		}
+		require.Len(t, c.Seqs, 2)
+		for salt, want := range c.Seqs {
+			got, err := h.Sequence(nil, make([]uint32, e.Rows), SeedFor("", salt), media)
+			require.NoError(t, err)
+			require.Len(t, got, len(want))
+			for i := range want {
+				require.Equal(t, u64(t, want[i]), got[i], "%s salt %q block %d", c.DType, salt, i)
+			}
+		}
+	}
 }
