@@ -332,7 +332,7 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 	for i, url := range p.urls {
 		// Clients read "worker i" (its place in --workers, from 0 as mock engines count); the
 		// logs name its address.
-		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i), Embeds: true,
+		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i),
 			FirstByteTimeout: p.firstByteTimeout})
 		if err != nil {
 			stop()

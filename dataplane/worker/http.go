@@ -25,9 +25,10 @@ type HTTPOptions struct {
 	// Label names the worker in what clients read (502 messages): "worker 2", never its address.
 	// Default "worker".
 	Label string
-	// Embeds sends the merged sequence as prompt_embeds (vLLM --enable-prompt-embeds) when a
-	// request has one; otherwise the engine gets the token ids (text-only requests).
-	Embeds bool
+	// Handoff is how a request with media goes (HandoffEmbeds: prompt_embeds of the merged
+	// sequence; HandoffEC, HandoffTokens: the chat request with the media and their
+	// identifiers, to /v1/chat/completions); text-only requests go as token ids.
+	Handoff Handoff
 	// FirstByteTimeout bounds the time from sending a request until the response headers and
 	// the first SSE data event have arrived (the engine queued and prefilled it): an engine that
 	// is stopped or wedged fails within it (ErrUnavailable), not after Timeout. Default 30s.
@@ -123,8 +124,11 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 	body := completionBody{Model: h.opts.Model, MaxTokens: req.Sampling.MaxTokens, Temperature: req.Sampling.Temperature,
 		TopP: req.Sampling.TopP, Seed: req.Sampling.Seed, Stop: req.Sampling.Stop, Stream: true,
 		StreamOptions: map[string]any{"include_usage": true}, CacheSalt: req.CacheSalt}
+	path := "/v1/completions"
 	switch {
-	case h.opts.Embeds && req.Embeds.Rows > 0:
+	case h.opts.Handoff.SendsChat() && len(req.Media) > 0:
+		path = "/v1/chat/completions" // the messages are added below
+	case h.opts.Handoff == HandoffEmbeds && req.Embeds.Rows > 0:
 		b64, err := transfer.PromptEmbedsBase64(req.Embeds)
 		if err != nil {
 			return nil, err
@@ -136,6 +140,9 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 		body.Prompt = req.Prompt
 	}
 	raw, err := json.Marshal(body)
+	if err == nil && path == "/v1/chat/completions" {
+		raw, err = chatBody(raw, req)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +151,7 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 	gctx, cancel := context.WithTimeout(ctx, h.opts.Timeout)
 	var late atomic.Bool
 	firstByte := time.AfterFunc(h.opts.FirstByteTimeout, func() { late.Store(true); cancel() })
-	hreq, err := http.NewRequestWithContext(gctx, http.MethodPost, h.opts.BaseURL+"/v1/completions", bytes.NewReader(raw))
+	hreq, err := http.NewRequestWithContext(gctx, http.MethodPost, h.opts.BaseURL+path, bytes.NewReader(raw))
 	if err != nil {
 		firstByte.Stop()
 		cancel()
@@ -209,7 +216,10 @@ func (h *HTTP) failure(ctx, gctx context.Context, late *atomic.Bool, cause error
 // chunk is one streamed completion chunk.
 type chunk struct {
 	Choices []struct {
-		Text         string  `json:"text"`
+		Text  string `json:"text"`
+		Delta *struct {
+			Content string `json:"content"`
+		} `json:"delta"` // a chat chunk's
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
@@ -253,6 +263,9 @@ func forward(ctx context.Context, r io.Reader, out chan<- Event, first func()) E
 			}
 		}
 		for _, ch := range c.Choices {
+			if ch.Delta != nil && ch.Text == "" {
+				ch.Text = ch.Delta.Content
+			}
 			if ch.Text != "" {
 				select {
 				case out <- Event{Text: ch.Text, Tokens: 1}:
