@@ -207,7 +207,8 @@ func (s *Server) chat(body []byte) (parsed, error) {
 	if err != nil {
 		return parsed{}, err
 	}
-	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext}
+	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext,
+		Messages: req.Messages}
 	return parsed{p: p, stream: req.Stream, includeUsage: req.IncludeUsage, format: chatStream{}}, nil
 }
 
