@@ -87,8 +87,8 @@ func publishLikeVLLM(t *testing.T, spec map[string]any) (string, int) {
 // prompt_embeds) and /v1/chat/completions (it keeps the body, and checks that the EC connector
 // would find every item's file, as the scheduler asks it).
 type vllmEngine struct {
-	ecDir string
-	mu    sync.Mutex
+	ecDir        string
+	mu           sync.Mutex
 	embeds, chat []json.RawMessage
 	missing      []string // EC files a chat request named that were not there
 }
