@@ -41,6 +41,7 @@ type blockKey struct{ hi, lo uint64 }
 // embedsPlan is one request's blocks as vLLM keys them: their sources' keys, which digests are
 // known, and the digests.
 type embedsPlan struct {
+	pm      *sequence.PositionMap // the placement it was planned for (a dropped item re-places)
 	keys    []blockKey
 	known   []bool
 	digests []transfer.Digest
@@ -169,9 +170,9 @@ type digestCache struct {
 	cur, old map[blockKey]transfer.Digest
 }
 
-// digestCacheEntries bounds the cache: 1 Mi blocks of 16 tokens (16 Mi prompt tokens of
-// distinct text and media), about 100 MB at most with the maps' overhead.
-const digestCacheEntries = 1 << 20
+// digestCacheEntries bounds the cache: 256 Ki blocks of 16 tokens (4 Mi prompt tokens of
+// distinct text and media), about 25 MB at most with the maps' overhead.
+const digestCacheEntries = 1 << 18
 
 func newDigestCache(max int) *digestCache {
 	return &digestCache{max: max, cur: map[blockKey]transfer.Digest{}, old: map[blockKey]transfer.Digest{}}

@@ -171,6 +171,7 @@ func (r *request) routeEmbeds() ([]uint32, []router.Media) {
 	}
 	var media []router.Media
 	r.emb, media = planEmbeds(src, blockKeys(src, itemHash, bs), bs, s.handoff.digests, rows, r.id)
+	r.emb.pm = r.pm
 	return make([]uint32, r.pm.Len), media
 }
 
@@ -224,7 +225,7 @@ func (r *request) handOff(ctx context.Context) (native.Matrix, error) {
 	s := r.s
 	if !s.handoff.http || s.handoff.mode == worker.HandoffEmbeds {
 		m, err := r.merge(ctx)
-		if err == nil && r.emb != nil && m.Rows > 0 {
+		if err == nil && r.emb != nil && r.emb.pm == r.pm && m.Rows > 0 { // not if an item left since
 			bs := s.router.Options().BlockSize
 			if ferr := r.emb.fill(m, bs, min(4, runtime.GOMAXPROCS(0)), s.handoff.digests); ferr != nil {
 				s.log.Warn("hashing the prompt_embeds blocks", "request", r.id, "err", ferr)

@@ -174,3 +174,38 @@ func TestEmbedsBlocksAgainstReference(t *testing.T) {
 		}
 	}
 }
+
+// Local passes media in order by a cursor; on random media, ordered or not, overlapping or not,
+// every block gets exactly the items a full scan finds.
+func TestLocalMediaCursorAgainstScan(t *testing.T) {
+	r := testrand.New(t)
+	h, err := NewHasher(8)
+	require.NoError(t, err)
+	for range 2000 {
+		tokens := make([]uint32, r.IntN(100))
+		var media []Media
+		at := 0
+		for range r.IntN(6) {
+			m := Media{Hash: r.Uint64(), Offset: r.IntN(len(tokens) + 1), Length: 1 + r.IntN(20)}
+			if r.IntN(2) == 0 { // one after another
+				m.Offset = min(at+r.IntN(10), len(tokens))
+				at = m.Offset + m.Length
+			}
+			if m.Offset+m.Length > len(tokens) || m.Length <= 0 {
+				continue
+			}
+			media = append(media, m)
+		}
+		got, err := h.Local(nil, tokens, 7, media)
+		require.NoError(t, err)
+		for b := range got {
+			var ids []uint64
+			for _, m := range media {
+				if m.Offset < (b+1)*8 && m.Offset+m.Length > b*8 {
+					ids = append(ids, m.Hash)
+				}
+			}
+			require.Equal(t, h.LocalBlock(tokens[b*8:(b+1)*8], 7, ids), got[b], "block %d of %+v", b, media)
+		}
+	}
+}
