@@ -46,16 +46,30 @@ define need_file
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(2); }
 endef
 
+# need_py is need for a module of Debian's python3: $(call need_py,module,package)
+define need_py
+	@/usr/bin/python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("$(1)") is None)' 2>/dev/null || { \
+	  echo "python3 module $(1) not found: installing the Debian package $(2)"; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "no apt-get here: install $(2) yourself"; exit 1; }; \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(2); }
+endef
+
 # Build: gcc, and libjpeg-turbo's TurboJPEG for the JPEG decoder in native/.
 deps-build:
 	$(call need,gcc,gcc libc6-dev)
 	$(call need_file,/usr/include/turbojpeg.h,libturbojpeg0-dev)
 
 # Test: cmake for the C tests; ffmpeg (and ffprobe) for the media tests that decode audio and
-# video containers through it (dataplane/media/audio, dataplane/media/video).
+# video containers through it (dataplane/media/audio, dataplane/media/video); Debian's python3
+# with zmq, msgpack and torch for the tests that replay, through transfer/testdata/vllm's
+# vllm_ref.py, the KV events vLLM publishes for what the daemon hands it (dataplane/api).
 deps-test: deps-build
 	$(call need,cmake,cmake)
 	$(call need,ffmpeg,ffmpeg)
+	$(call need_py,zmq,python3-zmq)
+	$(call need_py,msgpack,python3-msgpack)
+	$(call need_py,torch,python3-torch)
 
 build: deps-build
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/dataplane

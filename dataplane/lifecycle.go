@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +37,8 @@ type Prompt struct {
 	Media    []*openai.Media           // in placeholder order
 	Sampling openai.Sampling
 	Ext      openai.Extensions
+	// Messages is the client's chat, when the request came as one (the chat hand-offs send it).
+	Messages []openai.Message
 	// Memory is the request's account on the service's memory budget (the API opened it for
 	// the body); the request closes it when it ends. nil: nothing accounted.
 	Memory *memory.Account
@@ -93,6 +94,7 @@ type request struct {
 	fr    *features.Request
 	pm    *sequence.PositionMap
 	once  sync.Once
+	emb   *embedsPlan // the prompt_embeds blocks as routed (handoff embeds)
 	// routed is set once the router counts this request against a worker.
 	routed atomic.Bool
 }
@@ -116,13 +118,16 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	// --item-timeout covers the media's fetch, decode and encode: one deadline for every wait.
 	ictx, cancel := context.WithDeadline(ctx, r.start.Add(s.opts.ItemTimeout))
 	defer cancel()
+	if err := r.checkHandoff(); err != nil {
+		return nil, err
+	}
 	if err := r.prepareAll(ictx); err != nil {
 		return nil, err
 	}
 	if err := r.place(); err != nil {
 		return nil, err
 	}
-	if len(r.items) > 0 {
+	if len(r.items) > 0 && r.encodes() {
 		if err := r.checkFits(); err != nil {
 			return nil, err
 		}
@@ -138,11 +143,11 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 		return nil, err
 	}
 	var embeds native.Matrix
-	if len(r.items) > 0 {
+	if len(r.items) > 0 && r.encodes() {
 		if err := r.await(ictx); err != nil {
 			return nil, err
 		}
-		if embeds, err = r.merge(ctx); err != nil {
+		if embeds, err = r.handOff(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -370,7 +375,7 @@ func (r *request) encode(it *item, job *features.Job, pri encoderpool.Priority) 
 func (r *request) place() error {
 	mi := make([]sequence.MediaItem, len(r.items))
 	for i, it := range r.items {
-		mi[i] = sequence.MediaItem{ID: it.id, Modality: it.modality, Tokens: it.tokens}
+		mi[i] = sequence.MediaItem{ID: r.s.mediaID(it), Modality: it.modality, Tokens: it.tokens}
 	}
 	pm, err := sequence.BuildPositionMap(r.p.Tokens, r.s.tok.Placeholders(), r.p.Style, mi)
 	if err != nil {
@@ -419,28 +424,20 @@ func (r *request) expanded() ([]int32, []worker.MediaSpan) {
 // features will be ready and, for remote workers, what sending them costs.
 func (r *request) route() (router.Decision, error) {
 	s := r.s
-	ids, spans := r.expanded()
-	toks := make([]uint32, len(ids))
-	for i, id := range ids {
-		toks[i] = uint32(id)
-	}
-	rm := make([]router.Media, len(spans))
-	for i, sp := range spans {
-		rm[i] = router.Media{Hash: router.MediaHash(sp.ID), Offset: sp.Start, Length: sp.End - sp.Start}
-	}
+	toks, rm := r.routeInput()
 	eta := time.Duration(0)
 	for _, it := range r.items {
 		if it.job != nil {
 			eta = max(eta, s.pool.ETA(it.model, it.tokens))
 		}
 	}
-	mergedBytes := float64(r.pm.Len * s.models.Hidden * s.models.DType.Size())
+	sent := r.transferBytes()
 	// Cost terms are in blocks of prefill time (router.Options.PrefillSecondsPerToken).
 	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: s.router.BlocksIn(eta.Seconds())}
-	if len(r.items) > 0 {
+	if len(r.items) > 0 && sent > 0 {
 		req.Transfer = func(w string) float64 {
-			if strings.HasPrefix(w, "http://") || strings.HasPrefix(w, "https://") {
-				return s.router.BlocksIn(mergedBytes / s.opts.TransferBytesPerSecond)
+			if remote(w) {
+				return s.router.BlocksIn(sent / s.opts.TransferBytesPerSecond)
 			}
 			return 0 // in-process: the merged sequence is handed over in memory
 		}
@@ -588,7 +585,8 @@ func (r *request) generate(ctx context.Context, d router.Decision, embeds native
 		return nil, fail(ErrUnavailable, "", "the LLM worker chosen is gone")
 	}
 	ids, spans := r.expanded()
-	wreq := &worker.Request{ID: r.id, TokenIDs: ids, Media: spans, Embeds: embeds, Sampling: r.p.Sampling, CacheSalt: r.p.Ext.CacheSalt}
+	wreq := &worker.Request{ID: r.id, TokenIDs: ids, Media: r.workerSpans(spans), Embeds: embeds, Messages: r.p.Messages,
+		Sampling: r.p.Sampling, CacheSalt: r.p.Ext.CacheSalt}
 	g, err := r.attempt(ctx, d, e, wreq)
 	if err == nil || ctx.Err() != nil {
 		return g, err

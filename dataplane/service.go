@@ -72,6 +72,13 @@ type ServiceOptions struct {
 	// 1s, 1s, 2.
 	HealthInterval, HealthTimeout time.Duration
 	HealthFailures                int
+	// Handoff is how requests with media reach HTTP engines, and so how the router hashes them
+	// (handoff.go): "embeds", "ec" or "tokens" (worker.ParseHandoff); "" for in-process
+	// workers. ECDir is the EC directory of the ec hand-off (vLLM's shared_storage_path), ECBytes
+	// its capacity (0: the feature store's host capacity).
+	Handoff string
+	ECDir   string
+	ECBytes int64
 	// WrapEncoder, if set, wraps the encoder every job runs on (instrumentation; tests inject
 	// faults with it).
 	WrapEncoder func(encoderpool.Model) encoderpool.Model
@@ -119,6 +126,7 @@ type Service struct {
 	routes  *router.DecisionLog
 	memPlan memory.Plan
 	memory  *memory.Budget // nil: no accounting
+	handoff handoff
 
 	mu      sync.Mutex
 	workers map[string]*workerEntry
@@ -172,8 +180,13 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		s.models.Close()
 		return nil, fmt.Errorf("%w: the embedding table has %d rows, the tokenizer %d tokens", ErrModels, s.models.Table.Rows, s.tok.VocabSize())
 	}
+	if err := s.setupHandoff(&opts); err != nil {
+		s.closePieces()
+		return nil, fmt.Errorf("--handoff: %w", err)
+	}
+	s.opts = opts
 	if s.store, err = features.New(opts.Features); err != nil {
-		s.models.Close()
+		s.closePieces()
 		return nil, err
 	}
 	if s.fetcher, err = fetch.New(opts.Fetch); err != nil {
@@ -310,6 +323,11 @@ func (s *Service) closePieces() {
 	if s.store != nil {
 		if err := s.store.Close(); err != nil {
 			s.log.Warn("feature store close", "err", err)
+		}
+	}
+	if s.handoff.ec != nil { // after the store: its last forgets are in
+		if err := s.handoff.ec.Close(); err != nil {
+			s.log.Warn("EC directory close", "err", err)
 		}
 	}
 	if s.models != nil {

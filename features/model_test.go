@@ -58,19 +58,21 @@ type mReq struct {
 }
 
 type model struct {
-	t      *testing.T
-	r      *rand.Rand
-	s      *Store
-	clock  *fakeClock
-	recs   []*mRec // live records (not DISCARDED)
-	index  map[Key]*mRec
-	reqs   []*mReq // not finished or cancelled
-	sizes  map[Key]int64
-	seq    uint64
-	nextID int
-	hits   uint64
-	misses uint64
-	evict  [numEvictReasons]uint64
+	t     *testing.T
+	r     *rand.Rand
+	s     *Store
+	clock *fakeClock
+	recs  []*mRec // live records (not DISCARDED)
+	index map[Key]*mRec
+	// indexed is what the store says it holds: keys of its misses, less those it told OnForget.
+	indexed map[Key]bool
+	reqs    []*mReq // not finished or cancelled
+	sizes   map[Key]int64
+	seq     uint64
+	nextID  int
+	hits    uint64
+	misses  uint64
+	evict   [numEvictReasons]uint64
 }
 
 func units(n int64) int64 { return (n + modelUnit - 1) / modelUnit }
@@ -80,7 +82,11 @@ func TestModel(t *testing.T) {
 	for run := range 6 {
 		clock := newClock()
 		m := &model{t: t, r: r, s: newTestStore(t, modelHostBlocks, modelDevBlocks, clock), clock: clock,
-			index: map[Key]*mRec{}, sizes: map[Key]int64{}}
+			index: map[Key]*mRec{}, sizes: map[Key]int64{}, indexed: map[Key]bool{}}
+		m.s.opts.OnForget = func(k Key) {
+			require.True(t, m.indexed[k], "OnForget(%v) for a key the store did not hold", k)
+			delete(m.indexed, k)
+		}
 		for step := range 1500 {
 			what := m.step()
 			m.check(fmt.Sprintf("run %d step %d (%s)", run, step, what))
@@ -252,6 +258,8 @@ func (m *model) admit() bool {
 	}
 	require.NotNil(m.t, job)
 	m.misses++
+	require.False(m.t, m.indexed[k], "a miss for a key the store still holds")
+	m.indexed[k] = true
 	x := &mRec{rec: rec, job: job, key: k, est: n, state: StateEncoding, holds: 1, fill: byte(m.r.IntN(256))}
 	m.recs = append(m.recs, x)
 	m.index[k] = x
@@ -547,6 +555,10 @@ func (m *model) check(what string) {
 	require.Equal(t, states, st.Records, "%s: records per state", what)
 	require.Equal(t, [2]uint64{m.hits, m.misses}, [2]uint64{st.Hits, st.Misses}, "%s: hits, misses", what)
 	require.Equal(t, m.evict, st.Evictions, "%s: evictions", what)
+	require.Len(t, m.indexed, len(m.index), "%s: OnForget told of exactly the keys the store let go", what)
+	for k := range m.index {
+		require.True(t, m.indexed[k], "%s: key %v", what, k)
+	}
 	for _, x := range m.recs {
 		require.Equal(t, x.state, x.rec.State(), "%s: record %d (%s)", what, x.rec.ID(), x.key.Content)
 		require.Equal(t, x.holds, x.rec.Refs(), "%s: record %d refs", what, x.rec.ID())

@@ -150,10 +150,7 @@ func (s *Store) discard(r *Record) {
 		s.lru.remove(r)
 		s.host.idle -= r.host.units * s.host.unit
 	}
-	if r.indexed {
-		delete(s.index, r.key)
-		r.indexed = false
-	}
+	s.unindex(r)
 	s.host.give(&r.host)
 	if r.device != nil {
 		s.device.give(r.device)
@@ -162,6 +159,19 @@ func (s *Store) discard(r *Record) {
 	s.setState(r, StateDiscarded)
 	s.states[StateDiscarded]-- // gone records are not counted
 	r.cancel()
+}
+
+// unindex drops a record from the cache index, if it is there, and tells OnForget. s.mu must
+// be held.
+func (s *Store) unindex(r *Record) {
+	if !r.indexed {
+		return
+	}
+	delete(s.index, r.key)
+	r.indexed = false
+	if s.opts.OnForget != nil {
+		s.opts.OnForget(r.key)
+	}
 }
 
 // Job is the encoder's handle on a record it must fill: the buffer to write the features

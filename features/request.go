@@ -439,10 +439,7 @@ func (s *Store) release(h *hold, keep time.Duration) {
 	}
 	if rec.state == StateEncoding {
 		rec.orphaned = true
-		if rec.indexed {
-			delete(s.index, rec.key)
-			rec.indexed = false
-		}
+		s.unindex(rec)
 		rec.cancel()
 		return
 	}

@@ -46,6 +46,11 @@ type Options struct {
 	MaxItemsPerRequest int
 	// Now is the clock for TTLs and timestamps. Default time.Now.
 	Now func() time.Time
+	// OnForget, when set, is told each key the store stops holding: its record was discarded
+	// (after its last holder, a TTL, an eviction, a failed encode) or orphaned while encoding.
+	// What was kept about the key outside (the EC hand-off's file) can go. It is called with
+	// the store's lock held: it must not block or call the store.
+	OnForget func(Key)
 }
 
 // DefaultOptions: a 1 GiB host budget (about 220 LLaVA images of 576 × 4096 bf16) in 64 KiB blocks of

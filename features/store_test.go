@@ -578,3 +578,35 @@ func TestDropAnItem(t *testing.T) {
 	require.ErrorIs(t, lateJob.Complete(16*kib), ErrAbandoned)
 	requireEmpty(t, s)
 }
+
+// OnForget follows the cache policy: a kept entry's key stays until its TTL passes, a
+// discarded one goes at prefill, and one orphaned while encoding goes when its last holder
+// leaves. (TestModel checks it after every step of random sequences.)
+func TestOnForgetFollowsPolicy(t *testing.T) {
+	clock := newClock()
+	s := newTestStore(t, 64, 0, clock)
+	var forgot []string
+	s.opts.OnForget = func(k Key) { forgot = append(forgot, k.Content) }
+
+	kept, _ := s.Begin("kept", Policy{Kind: KeepForReuse, TTL: time.Minute})
+	admitEncode(t, kept, item("cat", 4*kib), 1)
+	require.NoError(t, kept.Merged())
+	require.NoError(t, kept.Prefilled())
+	gone, _ := s.Begin("gone", Policy{})
+	admitEncode(t, gone, item("dog", 4*kib), 2)
+	require.NoError(t, gone.Merged())
+	require.NoError(t, gone.Prefilled())
+	require.Equal(t, []string{"dog"}, forgot, "discarded after prefill; the kept one stays")
+
+	left, _ := s.Begin("left", Policy{})
+	_, job, err := left.Admit(context.Background(), item("owl", 4*kib))
+	require.NoError(t, err)
+	left.Cancel()
+	require.Equal(t, []string{"dog", "owl"}, forgot, "orphaned while encoding: its key is free again")
+	require.ErrorIs(t, job.Complete(4*kib), ErrAbandoned)
+
+	clock.Advance(time.Minute)
+	require.Equal(t, 1, s.Sweep())
+	require.Equal(t, []string{"dog", "owl", "cat"}, forgot, "the kept one at its TTL")
+	requireEmpty(t, s)
+}

@@ -92,19 +92,35 @@ func (h *Hasher) Local(dst []uint64, tokens []uint32, seed uint64, media []Media
 		}
 	}
 	bs := h.blockSize
+	// Media in order of both start and end (the usual: items one after another, or a prompt_embeds
+	// request's one entry per block) are passed by a cursor, so a long prompt's blocks do not
+	// each scan every item.
+	ordered := true
+	for i := 1; i < len(media) && ordered; i++ {
+		ordered = media[i].Offset >= media[i-1].Offset && media[i].Offset+media[i].Length >= media[i-1].Offset+media[i-1].Length
+	}
+	lo := 0
 	for start := 0; start+bs <= len(tokens); start += bs {
-		dst = append(dst, h.block(tokens[start:start+bs], start, seed, media))
+		if ordered {
+			for lo < len(media) && media[lo].Offset+media[lo].Length <= start {
+				lo++
+			}
+		}
+		dst = append(dst, h.block(tokens[start:start+bs], start, seed, media[lo:], ordered))
 	}
 	return dst, nil
 }
 
-// block hashes one block whose first token is at position start, with the media overlapping it.
-func (h *Hasher) block(tokens []uint32, start int, seed uint64, media []Media) uint64 {
+// block hashes one block whose first token is at position start, with the media overlapping it
+// (ordered: media are in order of start, so none after the first that starts past the block do).
+func (h *Hasher) block(tokens []uint32, start int, seed uint64, media []Media, ordered bool) uint64 {
 	h.mm = h.mm[:0]
 	end := start + len(tokens)
 	for _, m := range media {
 		if m.Offset < end && m.Offset+m.Length > start {
 			h.mm = append(h.mm, m.Hash)
+		} else if ordered && m.Offset >= end {
+			break
 		}
 	}
 	return h.hashBlock(tokens, seed)
@@ -181,6 +197,13 @@ func MediaHash(id string) uint64 {
 	}
 	return xxh3.HashString(id)
 }
+
+// EmbedsDigestHash maps the SHA-256 digest vLLM keys a prompt_embeds block by (the block's
+// slice of the tensor: transfer.BlockDigest; a bin entry of the block's extra keys in its KV
+// events) to the 64-bit hash appended to that block: XXH3-64 of the 32 bytes, seed 0. A
+// request sent as prompt_embeds is hashed with tokens of zeros (what vLLM hashes for it) and
+// each full block's digest hash, so its blocks meet the ones its engine stored.
+func EmbedsDigestHash(digest []byte) uint64 { return xxh3.Hash(digest) }
 
 // IsMediaDigest reports whether a media identifier is one of vLLM's digests (64 hex digits),
 // which MediaHash shortens rather than hashes.

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -133,4 +134,78 @@ func TestSequencePrefixProperty(t *testing.T) {
 	tail := append([]uint64(nil), local[5:]...)
 	Chain(tail, changed[4], true)
 	require.Equal(t, changed[5:], tail)
+}
+
+// A prompt_embeds request as vLLM's KV events describe it (tokens of zeros, each block keyed by
+// the SHA-256 of its slice of the tensor) hashes, with EmbedsDigestHash per block, to the
+// sequence vllm_ref.py computes with python3-xxhash (../transfer/testdata/vllm).
+func TestEmbedsBlocksAgainstReference(t *testing.T) {
+	var v struct {
+		Embeds struct {
+			Rows      int `json:"rows"`
+			BlockSize int `json:"block_size"`
+			Cases     []struct {
+				DType   string              `json:"dtype"`
+				Digests []string            `json:"digests"`
+				Seqs    map[string][]string `json:"router_sequence"`
+			} `json:"cases"`
+		} `json:"embeds"`
+	}
+	readJSON(t, "../../transfer/testdata/vllm/vectors.json", &v)
+	e := v.Embeds
+	require.NotEmpty(t, e.Cases)
+	h, err := NewHasher(e.BlockSize)
+	require.NoError(t, err)
+	for _, c := range e.Cases {
+		media := make([]Media, len(c.Digests))
+		for i, d := range c.Digests {
+			raw, err := hex.DecodeString(d)
+			require.NoError(t, err)
+			media[i] = Media{Hash: EmbedsDigestHash(raw), Offset: i * e.BlockSize, Length: e.BlockSize}
+		}
+		require.Len(t, c.Seqs, 2)
+		for salt, want := range c.Seqs {
+			got, err := h.Sequence(nil, make([]uint32, e.Rows), SeedFor("", salt), media)
+			require.NoError(t, err)
+			require.Len(t, got, len(want))
+			for i := range want {
+				require.Equal(t, u64(t, want[i]), got[i], "%s salt %q block %d", c.DType, salt, i)
+			}
+		}
+	}
+}
+
+// Local passes media in order by a cursor; on random media, ordered or not, overlapping or not,
+// every block gets exactly the items a full scan finds.
+func TestLocalMediaCursorAgainstScan(t *testing.T) {
+	r := testrand.New(t)
+	h, err := NewHasher(8)
+	require.NoError(t, err)
+	for range 2000 {
+		tokens := make([]uint32, r.IntN(100))
+		var media []Media
+		at := 0
+		for range r.IntN(6) {
+			m := Media{Hash: r.Uint64(), Offset: r.IntN(len(tokens) + 1), Length: 1 + r.IntN(20)}
+			if r.IntN(2) == 0 { // one after another
+				m.Offset = min(at+r.IntN(10), len(tokens))
+				at = m.Offset + m.Length
+			}
+			if m.Offset+m.Length > len(tokens) || m.Length <= 0 {
+				continue
+			}
+			media = append(media, m)
+		}
+		got, err := h.Local(nil, tokens, 7, media)
+		require.NoError(t, err)
+		for b := range got {
+			var ids []uint64
+			for _, m := range media {
+				if m.Offset < (b+1)*8 && m.Offset+m.Length > b*8 {
+					ids = append(ids, m.Hash)
+				}
+			}
+			require.Equal(t, h.LocalBlock(tokens[b*8:(b+1)*8], 7, ids), got[b], "block %d of %+v", b, media)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -71,11 +72,25 @@ func TestPromptEmbedsBase64AndErrors(t *testing.T) {
 	}
 }
 
+// The file is where vLLM's EC connector looks, one ec_cache tensor, readable by an engine
+// running as another user (0644 in a 0755 folder) whatever the daemon's umask.
 func TestWriteECCache(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
 	dir := t.TempDir()
 	m := known(t, native.BF16, 3, 5)
-	require.NoError(t, WriteECCache(dir, "abc123", m))
-	f, err := safetensors.Open(filepath.Join(dir, "abc123", "encoder_cache.safetensors"))
+	size, err := WriteECCache(dir, "abc123", m)
+	require.NoError(t, err)
+	path := filepath.Join(dir, "abc123", "encoder_cache.safetensors")
+	require.Equal(t, ECCacheFile(dir, "abc123"), path)
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, st.Size(), size)
+	require.Equal(t, ECFileMode, st.Mode().Perm())
+	st, err = os.Stat(filepath.Dir(path))
+	require.NoError(t, err)
+	require.Equal(t, ECItemMode, st.Mode().Perm())
+	f, err := safetensors.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
 	require.Len(t, f.Tensors, 1)
@@ -85,6 +100,10 @@ func TestWriteECCache(t *testing.T) {
 	require.Equal(t, []int{3, 5}, ts.Shape)
 	require.Equal(t, m.Data, ts.Data)
 	for _, bad := range []string{"", "..", "a/b", `a\b`} {
-		require.Error(t, WriteECCache(dir, bad, m), bad)
+		_, err := WriteECCache(dir, bad, m)
+		require.Error(t, err, bad)
 	}
+	ents, err := os.ReadDir(filepath.Dir(path))
+	require.NoError(t, err)
+	require.Len(t, ents, 1, "no temporary file left behind")
 }

@@ -28,6 +28,12 @@ type ServerOptions struct {
 	Model        string // the model name /v1/models lists besides the engines; "mock"
 	// Endpoints lists each engine's KV-event endpoints for GET /engines (optional).
 	Endpoints func(i int) (events, replay string)
+	// Render, when set, serves /v1/chat/completions (ec.go): it renders messages with the
+	// model's chat template into token ids, with one placeholder token per media part at the
+	// positions it returns. ECDir is the EC connector's shared_storage_path the media come from
+	// (none: media parts are refused).
+	Render func([]openai.Message) (ids []int32, placeholders []int, err error)
+	ECDir  string
 }
 
 // DefaultServerOptions are the defaults above.
@@ -39,6 +45,7 @@ func DefaultServerOptions() ServerOptions {
 //
 //	POST /engines/<i>/v1/completions   engine i (its base URL for `dataplane serve --workers`)
 //	POST /v1/completions               the engine the "model" field names, else round-robin
+//	POST .../v1/chat/completions       with ServerOptions.Render: an EC consumer's chat (ec.go)
 //	GET  /v1/models, /engines/<i>/v1/models, /engines, /healthz, /health (vLLM's, which the
 //	     daemon's health prober asks; also per engine: /engines/<i>/health)
 //	GET  /engines/<i>/metrics: vLLM's vllm:cache_config_info (block_size, num_gpu_blocks), from
@@ -91,6 +98,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.models(w, engine)
 	case path == "/v1/completions" && r.Method == http.MethodPost:
 		s.complete(w, r, engine)
+	case path == "/v1/chat/completions" && r.Method == http.MethodPost && s.opts.Render != nil:
+		s.chat(w, r, engine)
 	default:
 		writeError(w, &api.Error{Status: 404, Type: "not_found_error", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	}

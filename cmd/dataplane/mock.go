@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"dataplane/bench/mocker"
+	"dataplane/dataplane"
+	"dataplane/dataplane/openai"
 	"dataplane/router/kvevents"
 )
 
@@ -40,6 +42,8 @@ type mockConfig struct {
 	statsEvery time.Duration
 	logLevel   slog.Level
 	endpoints  [][2]string // engine i's bound KV-event endpoints (pub, replay), with -kv-events zmq
+	ecDir      string      // the EC consumer's shared_storage_path ("": chat takes no media)
+	tokenizer  dataplane.TokenizerOptions
 }
 
 // mockFlags declares the engine and fleet flags (shared with `dataplane bench fleet`).
@@ -76,6 +80,8 @@ times) and serves them over an OpenAI-compatible API:
 
   POST /engines/<i>/v1/completions   engine i (its base URL: http://HOST:PORT/engines/<i>)
   POST /v1/completions               the engine named by "model", else round-robin
+  POST .../v1/chat/completions       chats rendered with --tokenizer's template; media only from
+                                     --ec-dir, as a vLLM EC consumer reads them (uuid = item)
   GET  /v1/models, /engines, /healthz
 
 KV events go out in vLLM's wire format: --kv-events zmq (PUB + replay ROUTER per engine, as
@@ -95,6 +101,9 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	mockFlags(fs, c)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8200", `HOST:PORT of the OpenAI API ("" for none)`)
+	fs.StringVar(&c.ecDir, "ec-dir", "", "serve chats as a vLLM EC consumer: media come only as items named by uuid in this directory (vLLM's shared_storage_path, serve --handoff ec --ec-dir)")
+	fs.StringVar(&c.tokenizer.Dir, "tokenizer", "", "directory with tokenizer.json for chats (default: the daemon's embedded demo tokenizer)")
+	fs.StringVar(&c.tokenizer.ChatTemplate, "chat-template", "", "built-in chat template for chats (as serve's)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("config", "", "YAML file of settings (keys are these flag names)")
 	if err := loadConfig(fs, args, os.Getenv); err != nil {
@@ -130,6 +139,10 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 		return nil
 	}
 	so := mocker.DefaultServerOptions()
+	if so.Render, err = chatRenderer(c.tokenizer); err != nil {
+		return err
+	}
+	so.ECDir = c.ecDir
 	if c.events == "zmq" {
 		so.Endpoints = func(i int) (string, string) { return c.endpoints[i][0], c.endpoints[i][1] }
 	}
@@ -253,4 +266,27 @@ func logFleetStats(ctx context.Context, f *mocker.Fleet, every time.Duration, lo
 			log.Info("fleet", "entries", entries, "lag_mean", mean, "lag_worst", worst)
 		}
 	}
+}
+
+// chatRenderer renders chats as serve does (the same tokenizer and template), with the
+// positions of the media placeholders.
+func chatRenderer(o dataplane.TokenizerOptions) (func([]openai.Message) ([]int32, []int, error), error) {
+	tok, err := dataplane.LoadTokenizer(o)
+	if err != nil {
+		return nil, err
+	}
+	ph := tok.Placeholders()
+	return func(msgs []openai.Message) ([]int32, []int, error) {
+		ids, err := tok.Chat(msgs)
+		if err != nil {
+			return nil, nil, err
+		}
+		var at []int
+		for i, id := range ids {
+			if ph.ModalityOf(id) != 0 {
+				at = append(at, i)
+			}
+		}
+		return ids, at, nil
+	}, nil
 }

@@ -26,10 +26,10 @@ type mockEngine struct {
 
 // startMockEngines runs `dataplane mock` with n engines, ZMQ KV events on loopback and engine
 // time sped up, and returns its HTTP address and its engines.
-func startMockEngines(t *testing.T, n int, speedup float64) (addr string, engines []mockEngine, stop func()) {
+func startMockEngines(t *testing.T, n int, speedup float64, extra ...string) (addr string, engines []mockEngine, stop func()) {
 	t.Helper()
-	m, stop := startCommand(t, []string{"mock", "--engines", fmt.Sprint(n), "--listen", "127.0.0.1:0", "--kv-events", "zmq",
-		"--zmq-port", "0", "--speedup", fmt.Sprint(speedup)}, regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
+	m, stop := startCommand(t, append([]string{"mock", "--engines", fmt.Sprint(n), "--listen", "127.0.0.1:0", "--kv-events", "zmq",
+		"--zmq-port", "0", "--speedup", fmt.Sprint(speedup)}, extra...), regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
 	addr = m[0][1]
 	resp, err := http.Get("http://" + addr + "/engines")
 	require.NoError(t, err)

@@ -35,10 +35,10 @@ func init() {
 
 // serveFlags holds what serve's flags set beyond the server and service options.
 type serveFlags struct {
-	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay, adminListen string
-	mockSpeedup                                                           float64
-	maxBodyBytes                                                          int64
-	firstByteTimeout                                                      time.Duration
+	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay, adminListen, handoff string
+	mockSpeedup                                                                    float64
+	maxBodyBytes                                                                   int64
+	firstByteTimeout                                                               time.Duration
 }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
@@ -89,6 +89,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Float64Var(&sf.mockSpeedup, "mock-speedup", 1, "mock engines' time runs this many times faster than wall time (--workers mock:N)")
 	fs.StringVar(&sf.kvEvents, "kv-events", "", "the workers' vLLM KV-event publishers, same order: tcp://host:5557,...")
 	fs.StringVar(&sf.kvReplay, "kv-replay", "", "their replay endpoints, same order: tcp://host:5558,...")
+	fs.StringVar(&sf.handoff, "handoff", "", "how requests with media reach the http:// workers: embeds (prompt_embeds; vLLM --enable-prompt-embeds; the default), "+
+		"ec (vLLM's encoder-cache connector reads the features from --ec-dir; the chat goes with the items' names), tokens (the engine encodes the media itself). README: vLLM")
+	fs.StringVar(&so.ECDir, "ec-dir", "", "--handoff ec: the directory vLLM's EC connector reads (its shared_storage_path), owned by the daemon")
+	fs.Var(bytesVar(&so.ECBytes), "ec-bytes", "--handoff ec: most bytes of files in --ec-dir (0: --feature-bytes); an item past it goes without a file and the engine encodes it")
 	fs.DurationVar(&sf.firstByteTimeout, "worker-first-byte-timeout", 30*time.Second, "an http worker that sends no headers and first token within this long fails over to another")
 	fs.DurationVar(&so.HealthInterval, "worker-health-interval", so.HealthInterval, "how often every worker's health is probed (GET /health)")
 	fs.DurationVar(&so.HealthTimeout, "worker-health-timeout", so.HealthTimeout, "how long one health probe may take")
@@ -140,6 +144,20 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	if plan.mock > 0 && (sf.handoff != "" || so.ECDir != "") {
+		return usageErr("--handoff and --ec-dir are for http:// workers; mock engines take the request in-process")
+	}
+	if plan.mock == 0 {
+		if so.Handoff = sf.handoff; so.Handoff == "" {
+			so.Handoff = worker.HandoffEmbeds.String()
+		}
+		if plan.handoff, err = worker.ParseHandoff(so.Handoff); err != nil {
+			return usageErr("--handoff: %v", err)
+		}
+		if (plan.handoff == worker.HandoffEC) != (so.ECDir != "") {
+			return usageErr("--ec-dir goes with --handoff ec, and --handoff ec needs it (vLLM's shared_storage_path)")
+		}
+	}
 	if so.HealthInterval <= 0 || so.HealthTimeout <= 0 || so.HealthFailures < 1 {
 		return usageErr("--worker-health-interval %v, --worker-health-timeout %v, --worker-health-failures %d: want positive values",
 			so.HealthInterval, so.HealthTimeout, so.HealthFailures)
@@ -173,7 +191,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		"shutdown_timeout", opts.ShutdownTimeout, "workers", sf.workers, "vision_model", mo.VisionModel,
 		"audio_model", mo.AudioModel, "tokenizer", so.Tokenizer.Dir, "feature_bytes", so.Features.Host.Capacity,
 		"dtype", mo.DType, "block_size", so.Router.BlockSize, "worker_first_byte_timeout", sf.firstByteTimeout,
-		"worker_health_interval", so.HealthInterval, "worker_health_timeout", so.HealthTimeout, "worker_health_failures", so.HealthFailures)
+		"worker_health_interval", so.HealthInterval, "worker_health_timeout", so.HealthTimeout, "worker_health_failures", so.HealthFailures,
+		"handoff", so.Handoff, "ec_dir", so.ECDir)
 	srv := api.NewServer(opts, log)
 	backend := selectBackend(ctx, sf.cudaPlugin, log)
 	log.Info("backends", "cpu", native.BestISA().String(), "cpu_supported", isaList(), "cuda", backend.cuda, "using", backend.name)
@@ -276,6 +295,7 @@ type workerPlan struct {
 	urls             []string // OpenAI-compatible engines
 	events, replays  []string // the engines' KV-event and replay endpoints, same order
 	firstByteTimeout time.Duration
+	handoff          worker.Handoff // how requests with media reach them
 }
 
 func planWorkers(sf serveFlags) (workerPlan, error) {
@@ -332,8 +352,8 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 	for i, url := range p.urls {
 		// Clients read "worker i" (its place in --workers, from 0 as mock engines count); the
 		// logs name its address.
-		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i), Embeds: true,
-			FirstByteTimeout: p.firstByteTimeout})
+		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i),
+			FirstByteTimeout: p.firstByteTimeout, Handoff: p.handoff})
 		if err != nil {
 			stop()
 			return nil, err

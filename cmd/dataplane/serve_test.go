@@ -156,11 +156,15 @@ func TestServeWorkerFlagErrors(t *testing.T) {
 		{"--mock-speedup", "0"},
 		{"--kv-events", "tcp://127.0.0.1:5557"},
 		{"--workers", "http://127.0.0.1:1,http://127.0.0.1:2", "--kv-events", "tcp://127.0.0.1:5557"},
+		{"--handoff", "ec", "--ec-dir", "/tmp/ec"}, // mock engines take requests in-process
+		{"--workers", "http://127.0.0.1:1", "--handoff", "ec"},
+		{"--workers", "http://127.0.0.1:1", "--handoff", "kv"},
+		{"--workers", "http://127.0.0.1:1", "--ec-dir", "/tmp/ec"},
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), io.Discard, &stderr)
 		require.NotEqual(t, 0, code, "%v", args)
-		require.Regexp(t, `--(workers|mock-speedup|kv-events)`, stderr.String(), "%v", args)
+		require.Regexp(t, `--(workers|mock-speedup|kv-events|handoff|ec-dir)`, stderr.String(), "%v", args)
 	}
 }
 

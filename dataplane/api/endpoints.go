@@ -244,7 +244,8 @@ func (s *Server) chat(body []byte) (parsed, error) {
 	if err != nil {
 		return parsed{}, err
 	}
-	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext}
+	p := &dataplane.Prompt{Tokens: ids, Style: sequence.PlaceholderSingle, Media: req.Media, Sampling: req.Sampling, Ext: req.Ext,
+		Messages: req.Messages}
 	f := chatStream{}
 	if req.Sampling.Logprobs != nil {
 		f.top = *req.Sampling.Logprobs

@@ -141,7 +141,7 @@ func startHTTPDaemon(t *testing.T, fbt time.Duration, urls ...string) (*testDaem
 	require.NoError(t, err)
 	var engines []*kvevents.Engine
 	for i, url := range urls {
-		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i), FirstByteTimeout: fbt, Embeds: true})
+		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i), FirstByteTimeout: fbt})
 		require.NoError(t, err)
 		e, err := svc.AddWorker(w)
 		require.NoError(t, err)

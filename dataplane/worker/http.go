@@ -26,9 +26,10 @@ type HTTPOptions struct {
 	// Label names the worker in what clients read (502 messages): "worker 2", never its address.
 	// Default "worker".
 	Label string
-	// Embeds sends the merged sequence as prompt_embeds (vLLM --enable-prompt-embeds) when a
-	// request has one; otherwise the engine gets the token ids (text-only requests).
-	Embeds bool
+	// Handoff is how a request with media goes (HandoffEmbeds: prompt_embeds of the merged
+	// sequence; HandoffEC, HandoffTokens: the chat request with the media and their
+	// identifiers, to /v1/chat/completions); text-only requests go as token ids.
+	Handoff Handoff
 	// FirstByteTimeout bounds the time from sending a request until the response headers and
 	// the first SSE data event have arrived (the engine queued and prefilled it): an engine that
 	// is stopped or wedged fails within it (ErrUnavailable), not after Timeout. Default 30s.
@@ -119,8 +120,11 @@ type completionBody struct {
 func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error) {
 	body := completionBody{sampling: samplingOf(&req.Sampling), Model: h.opts.Model, Stream: true,
 		StreamOptions: map[string]any{"include_usage": true}, CacheSalt: req.CacheSalt}
+	path := "/v1/completions"
 	switch {
-	case h.opts.Embeds && req.Embeds.Rows > 0:
+	case h.opts.Handoff.SendsChat() && len(req.Media) > 0:
+		path = "/v1/chat/completions" // the messages are added below
+	case h.opts.Handoff == HandoffEmbeds && req.Embeds.Rows > 0:
 		b64, err := transfer.PromptEmbedsBase64(req.Embeds)
 		if err != nil {
 			return nil, err
@@ -132,6 +136,9 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 		body.Prompt = req.Prompt
 	}
 	raw, err := json.Marshal(body)
+	if err == nil && path == "/v1/chat/completions" {
+		raw, err = chatBody(raw, req)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +147,7 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 	gctx, cancel := context.WithTimeout(ctx, h.opts.Timeout)
 	var late atomic.Bool
 	firstByte := time.AfterFunc(h.opts.FirstByteTimeout, func() { late.Store(true); cancel() })
-	hreq, err := http.NewRequestWithContext(gctx, http.MethodPost, h.opts.BaseURL+"/v1/completions", bytes.NewReader(raw))
+	hreq, err := http.NewRequestWithContext(gctx, http.MethodPost, h.opts.BaseURL+path, bytes.NewReader(raw))
 	if err != nil {
 		firstByte.Stop()
 		cancel()
@@ -255,9 +262,13 @@ func (e *engineError) param() string {
 // chunk is one streamed completion chunk (or an error event).
 type chunk struct {
 	Choices []struct {
-		Text         string                     `json:"text"`
-		Logprobs     *openai.CompletionLogprobs `json:"logprobs"`
-		FinishReason *string                    `json:"finish_reason"`
+		Text  string `json:"text"`
+		Delta *struct {
+			Content string `json:"content"`
+		} `json:"delta"` // a chat chunk's
+		// Logprobs in the completions layout, or a chat chunk's (chatLogprobs), converted.
+		Logprobs     json.RawMessage `json:"logprobs"`
+		FinishReason *string         `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens        int `json:"prompt_tokens"`
@@ -269,6 +280,53 @@ type chunk struct {
 	Error *struct {
 		Message string `json:"message"`
 	} `json:"error"`
+}
+
+// choiceLogprobs reads a chunk choice's logprobs: the completions layout, or a chat chunk's
+// ({"content": [{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}]}, what vLLM's
+// chat endpoint streams in the chat-sending hand-offs) turned into it, the one form Event
+// carries (the API writes the client's layout from it). nil when there are none.
+func choiceLogprobs(raw json.RawMessage, chat bool) (*openai.CompletionLogprobs, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	if !chat {
+		var lp openai.CompletionLogprobs
+		if err := json.Unmarshal(raw, &lp); err != nil {
+			return nil, fmt.Errorf("bad logprobs: %v", err)
+		}
+		return &lp, lp.Check()
+	}
+	var c struct {
+		Content []struct {
+			Token       string  `json:"token"`
+			Logprob     float64 `json:"logprob"`
+			TopLogprobs []struct {
+				Token   string  `json:"token"`
+				Logprob float64 `json:"logprob"`
+			} `json:"top_logprobs"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, fmt.Errorf("bad chat logprobs: %v", err)
+	}
+	lp := &openai.CompletionLogprobs{}
+	offset := 0
+	for _, t := range c.Content {
+		top := openai.TopLogprobs{{Token: t.Token, Logprob: t.Logprob}} // the sampled token first, as the completions layout has it
+		for _, a := range t.TopLogprobs {
+			if a.Token != t.Token {
+				top = append(top, openai.TokenLogprob{Token: a.Token, Logprob: a.Logprob})
+			}
+		}
+		logprob := t.Logprob
+		lp.Tokens = append(lp.Tokens, t.Token)
+		lp.TokenLogprobs = append(lp.TokenLogprobs, &logprob)
+		lp.TopLogprobs = append(lp.TopLogprobs, top)
+		lp.TextOffset = append(lp.TextOffset, offset) // within the chunk: the chat layout has no offsets
+		offset += len(t.Token)
+	}
+	return lp, nil
 }
 
 // forward sends every text chunk of an SSE stream as an event (until ctx ends) and returns
@@ -307,13 +365,18 @@ func forward(ctx context.Context, r io.Reader, out chan<- Event, first func()) E
 			}
 		}
 		for _, ch := range c.Choices {
-			ev := Event{Text: ch.Text, Logprobs: ch.Logprobs}
-			switch {
-			case ch.Logprobs != nil && ch.Logprobs.Check() != nil:
-				done.Err = &Error{Class: "sent a malformed stream", Err: ch.Logprobs.Check()}
+			if ch.Delta != nil && ch.Text == "" {
+				ch.Text = ch.Delta.Content
+			}
+			lp, err := choiceLogprobs(ch.Logprobs, ch.Delta != nil)
+			if err != nil {
+				done.Err = &Error{Class: "sent a malformed stream", Err: err}
 				return done
-			case ch.Logprobs != nil:
-				ev.Tokens = len(ch.Logprobs.Tokens)
+			}
+			ev := Event{Text: ch.Text, Logprobs: lp}
+			switch {
+			case lp != nil:
+				ev.Tokens = len(lp.Tokens)
 			case ch.Text != "":
 				ev.Tokens = 1
 			}

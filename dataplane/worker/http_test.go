@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"dataplane/dataplane/openai"
+	"dataplane/dataplane/sequence"
 	"dataplane/native"
 )
 
@@ -70,7 +71,7 @@ func TestHTTPWorkerPromptEmbeds(t *testing.T) {
 	eng := &fakeEngine{t: t, reply: []string{"A", " cat", "."}, got: make(chan completionBody, 4)}
 	srv := httptest.NewServer(eng)
 	defer srv.Close()
-	w, err := NewHTTP(HTTPOptions{BaseURL: srv.URL + "/", Model: "llava", Embeds: true})
+	w, err := NewHTTP(HTTPOptions{BaseURL: srv.URL + "/", Model: "llava"})
 	require.NoError(t, err)
 	defer w.Close()
 
@@ -281,4 +282,120 @@ func FuzzForward(f *testing.F) {
 			}
 		}
 	})
+}
+
+// chatEngine answers /v1/chat/completions like vLLM's API server (delta chunks) and hands the
+// decoded body over.
+type chatEngine struct {
+	t   *testing.T
+	got chan map[string]any
+}
+
+func (e *chatEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/v1/chat/completions" {
+		http.NotFound(w, r)
+		return
+	}
+	var body map[string]any
+	require.NoError(e.t, json.NewDecoder(r.Body).Decode(&body))
+	e.got <- body
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n")
+	for _, word := range []string{"A", " dog"} {
+		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q},\"finish_reason\":null}]}\n\n", word)
+	}
+	fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n")
+	fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n")
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// In the EC and tokens hand-offs a request with media goes to the chat endpoint: the client's
+// messages, each media part that is still in the request with its identifier as the uuid (so
+// vLLM names the item by it: the EC file, its KV events), the sampling as for completions;
+// the chat stream's deltas come back as text. Without media it stays a token-id completion.
+func TestHTTPWorkerChatHandoff(t *testing.T) {
+	eng := &chatEngine{t: t, got: make(chan map[string]any, 4)}
+	srv := httptest.NewServer(eng)
+	defer srv.Close()
+	for _, h := range []Handoff{HandoffEC, HandoffTokens} {
+		w, err := NewHTTP(HTTPOptions{BaseURL: srv.URL, Model: "qwen", Handoff: h})
+		require.NoError(t, err)
+		img := &openai.Media{Modality: sequence.Image, URL: "data:image/png;base64,AAAA", Path: "messages[1].content[1]"}
+		dropped := &openai.Media{Modality: sequence.Image, URL: "https://x/y.png", Path: "messages[1].content[2]"}
+		audio := &openai.Media{Modality: sequence.Audio, Data: []byte{1, 2, 3}, Format: "wav", Path: "messages[1].content[3]"}
+		known := &openai.Media{Modality: sequence.Video, UUID: "clip-7", Path: "messages[1].content[4]"}
+		msgs := []openai.Message{
+			{Role: "system", Parts: []openai.Part{{IsText: true, Text: "Be brief."}}},
+			{Role: "user", Parts: []openai.Part{{IsText: true, Text: "What is this?"}, {Media: img}, {Media: dropped}, {Media: audio}, {Media: known}}},
+			{Role: "assistant"},
+		}
+		temp := 0.2
+		ch, err := w.Generate(context.Background(), &Request{TokenIDs: []int32{1, 2, 3}, Messages: msgs, CacheSalt: "t1",
+			Media: []MediaSpan{{Start: 1, End: 2, ID: "name-img", Src: img}, {Start: 2, End: 3, ID: "name-audio", Src: audio},
+				{Start: 3, End: 3, ID: "name-video", Src: known}},
+			Sampling: openai.Sampling{MaxTokens: 2, Temperature: &temp}})
+		require.NoError(t, err, h)
+		text, done := drain(t, ch)
+		require.Equal(t, "A dog", text)
+		require.NoError(t, done.Err)
+		require.Equal(t, "stop", done.FinishReason)
+		require.Equal(t, 32, done.CachedTokens)
+
+		body := <-eng.got
+		require.Equal(t, "qwen", body["model"])
+		require.Equal(t, float64(2), body["max_tokens"])
+		require.Equal(t, 0.2, body["temperature"])
+		require.Equal(t, "t1", body["cache_salt"])
+		require.Equal(t, true, body["stream"])
+		require.NotContains(t, body, "prompt")
+		require.NotContains(t, body, "prompt_embeds")
+		want := `[{"content":"Be brief.","role":"system"},{"content":[{"text":"What is this?","type":"text"},` +
+			`{"image_url":{"url":"data:image/png;base64,AAAA"},"type":"image_url","uuid":"name-img"},` +
+			`{"input_audio":{"data":"AQID","format":"wav"},"type":"input_audio","uuid":"name-audio"},` +
+			`{"type":"video_url","uuid":"name-video","video_url":null}],"role":"user"},{"content":null,"role":"assistant"}]`
+		got, err := json.Marshal(body["messages"])
+		require.NoError(t, err)
+		require.JSONEq(t, want, string(got))
+
+		// A video given as pictures has no chat form vLLM takes.
+		frames := &openai.Media{Modality: sequence.Video, Frames: []string{"data:,"}, Path: "messages[0].content[0]"}
+		_, err = w.Generate(context.Background(), &Request{Messages: []openai.Message{{Role: "user", Parts: []openai.Part{{Media: frames}}}},
+			Media: []MediaSpan{{ID: "v", Src: frames}}})
+		require.ErrorContains(t, err, "pictures")
+	}
+	_, err := ParseHandoff("kv")
+	require.Error(t, err)
+	for _, h := range []Handoff{HandoffEmbeds, HandoffEC, HandoffTokens} {
+		got, err := ParseHandoff(h.String())
+		require.NoError(t, err)
+		require.Equal(t, h, got)
+	}
+}
+
+// A chat chunk's logprobs (what vLLM's chat endpoint streams when a hand-off sends the chat)
+// come out in the completions layout Event carries: the sampled token first among its
+// alternatives, as /v1/completions gives them.
+func TestForwardChatLogprobs(t *testing.T) {
+	stream := []byte(`data: {"choices":[{"index":0,"delta":{"content":"Hi there"},"logprobs":{"content":[` +
+		`{"token":"Hi","logprob":-0.5,"bytes":[72,105],"top_logprobs":[{"token":"Hi","logprob":-0.5},{"token":"Hello","logprob":-1.25}]},` +
+		`{"token":" there","logprob":-2,"top_logprobs":[{"token":" you","logprob":-0.75}]}]},"finish_reason":null}]}` + "\n\n" +
+		`data: {"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"length"}]}` + "\n\ndata: [DONE]\n\n")
+	out := make(chan Event, 8)
+	done := forward(context.Background(), bytes.NewReader(stream), out, nil)
+	require.NoError(t, done.Err)
+	require.Equal(t, "length", done.FinishReason)
+	close(out)
+	var evs []Event
+	for ev := range out {
+		evs = append(evs, ev)
+	}
+	require.Len(t, evs, 1)
+	ev := evs[0]
+	require.Equal(t, "Hi there", ev.Text)
+	require.Equal(t, 2, ev.Tokens)
+	require.NoError(t, ev.Logprobs.Check())
+	require.Equal(t, []string{"Hi", " there"}, ev.Logprobs.Tokens)
+	require.Equal(t, -2.0, *ev.Logprobs.TokenLogprobs[1])
+	require.Equal(t, openai.TopLogprobs{{Token: "Hi", Logprob: -0.5}, {Token: "Hello", Logprob: -1.25}}, ev.Logprobs.TopLogprobs[0])
+	require.Equal(t, openai.TopLogprobs{{Token: " there", Logprob: -2}, {Token: " you", Logprob: -0.75}}, ev.Logprobs.TopLogprobs[1])
 }

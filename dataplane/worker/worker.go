@@ -7,8 +7,10 @@
 // worker that is not one is always healthy), Labeled (Label, the name clients read) and
 // Checker (Check, the sampling fields a worker cannot honour: refused before any work). Files:
 // worker.go (the interfaces, Request, Event, ErrUnavailable, Label), http.go (HTTP: vLLM's
-// streamed /v1/completions and GET /health), sampling.go (the sampling and output fields of
-// the engine's request), errors.go (Error and its classes, Public).
+// streamed /v1/completions and /v1/chat/completions, GET /health), handoff.go (Handoff: how a
+// request with media reaches an HTTP engine; the chat body with the media's identifiers as
+// uuids), sampling.go (the sampling and output fields of the engine's request), errors.go
+// (Error and its classes, Public).
 //
 // HTTP bounds everything: a request's first byte (headers and the first SSE data event) by
 // HTTPOptions.FirstByteTimeout (30s), the whole generation by Timeout (10m), the connection by
@@ -38,6 +40,9 @@ import (
 type MediaSpan struct {
 	Start, End int
 	ID         string
+	// Src is the request's part the item came from (the chat hand-offs send it, with ID as its
+	// uuid); nil when the worker needs no more than the span.
+	Src *openai.Media
 }
 
 // Request is one generation.
@@ -53,8 +58,11 @@ type Request struct {
 	// the model's dtype, when the worker takes embeddings (vLLM prompt_embeds); empty for a
 	// text-only request to a worker that tokenizes itself. The daemon keeps it valid until the
 	// first event arrives (prefill has read it).
-	Embeds    native.Matrix
-	Prompt    string // the prompt text, for workers that take text
+	Embeds native.Matrix
+	Prompt string // the prompt text, for workers that take text
+	// Messages is the client's chat when the request came as one: HTTP workers in the EC and
+	// tokens hand-offs send it, with its media, to the engine's chat endpoint.
+	Messages  []openai.Message
 	Sampling  openai.Sampling
 	CacheSalt string
 }

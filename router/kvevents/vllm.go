@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/zeebo/xxh3"
-
 	"dataplane/router"
 )
 
@@ -397,8 +395,8 @@ func readHash(r *mpReader) (uint64, error) {
 
 // decodeExtraKeys reads extra_keys: one entry per block, nil or a tuple whose items are, in
 // vLLM's order, the LoRA name, media identifiers (strings, or [identifier, offset] pairs in newer
-// versions), the cache salt (first block of a request only) and prompt-embedding digests
-// (bytes). Plain strings are kept aside until the whole event is read (lora_name may follow).
+// versions), the cache salt (first block of a request only) and the prompt-embeds digest
+// (bytes, router.EmbedsDigestHash). Plain strings are kept aside until the whole event is read (lora_name may follow).
 func decodeExtraKeys(r *mpReader, ev *Event) error {
 	if r.readNil() {
 		return nil
@@ -423,10 +421,10 @@ func decodeExtraKeys(r *mpReader, ev *Event) error {
 				s, _ := r.readStr()
 				x.strs = append(x.strs, string(s))
 			case mpBin:
-				// A prompt-embedding digest: no request can name it, so it only has to keep the
-				// block from matching anything else.
+				// A prompt-embeds block's digest: a request the daemon sends as prompt_embeds
+				// hashes the same digest into the same block (router.EmbedsDigestHash).
 				b, _ := r.readStr()
-				x.Media = append(x.Media, xxh3.Hash(b))
+				x.Media = append(x.Media, router.EmbedsDigestHash(b))
 			case mpArray:
 				k, err := r.readLen(false)
 				if err != nil {

@@ -114,8 +114,9 @@ func TestDecodeExtraKeys(t *testing.T) {
 	e.array(2)
 	// block 0: lora name, a [uuid, offset] pair, a 64-hex digest, the salt
 	e.array(4).str("my-lora").array(2).str("img-uuid").uint(3).str(hexDigest).str("tenant")
-	// block 1: a prompt-embedding digest (bin)
-	e.array(1).bin([]byte{1, 2, 3})
+	// block 1: a prompt-embeds digest (bin)
+	digest := []byte("0123456789abcdef0123456789abcdef")
+	e.array(1).bin(digest)
 	var b Batch
 	require.NoError(t, DecodeBatch(e.b, &b))
 	ev := b.Events[0]
@@ -124,7 +125,7 @@ func TestDecodeExtraKeys(t *testing.T) {
 	require.Equal(t, "tenant", ev.Extra[0].Salt)
 	require.Equal(t, []uint64{router.MediaHash("img-uuid"), 0x0123456789abcdef}, ev.Extra[0].Media)
 	require.Equal(t, "", ev.Extra[1].Salt)
-	require.Len(t, ev.Extra[1].Media, 1)
+	require.Equal(t, []uint64{router.EmbedsDigestHash(digest)}, ev.Extra[1].Media, "what a prompt_embeds request hashes into the block")
 }
 
 // Decoding into a reused Batch allocates nothing for what a text-only engine publishes (stores
