@@ -197,6 +197,9 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		s.closePieces()
 		return nil, err
 	}
+	if opts.KVEvents.Log == nil {
+		opts.KVEvents.Log = opts.Log // the first drop per worker and reason
+	}
 	if s.feed, err = kvevents.NewFeed(s.router, opts.KVEvents); err != nil {
 		s.closePieces()
 		return nil, err

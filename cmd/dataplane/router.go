@@ -131,6 +131,7 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	c.feed.Log = log // the first drop per worker and reason
 	feed, err := kvevents.NewFeed(r, c.feed)
 	if err != nil {
 		return err
@@ -164,6 +165,7 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 			replay = strings.TrimSpace(c.replays[i])
 		}
 		zo := kvevents.DefaultZMQOptions(ep, replay)
+		zo.Log = log
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -376,6 +376,7 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 			}()
 		}
 		zo := kvevents.DefaultZMQOptions(p.events[i], "")
+		zo.Log = log
 		if i < len(p.replays) {
 			zo.Replay = p.replays[i]
 		}

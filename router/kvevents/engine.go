@@ -1,7 +1,9 @@
 package kvevents
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 
@@ -20,6 +22,9 @@ type Options struct {
 	// index's per-worker cap has to reclaim them. Under a capacity the map holds only what the
 	// engine holds, at most the capacity per tier. Default 1<<20.
 	MaxEngineBlocks int
+	// Log receives one line per worker and reason the first time an engine drops something
+	// (Stats counts every time); nil logs nothing.
+	Log *slog.Logger
 }
 
 // DefaultOptions: device tier only, 1M engine blocks per engine.
@@ -37,16 +42,22 @@ func (o *Options) check(tiers int) error {
 	return nil
 }
 
-// Stats count what happened to events, across engines. Read them with Load.
+// Stats count what happened to events, across engines. Read them with Load. Each counter of
+// something dropped has its reason (metrics.go's outcome label) in reasonNames.
 type Stats struct {
 	Batches        atomic.Int64 // batches applied (live and replayed)
 	BadPayloads    atomic.Int64 // payloads that did not decode: skipped
+	BadMessages    atomic.Int64 // transport messages that carry no batch (NATS: under 8 bytes; ZMQ: not 3 frames)
+	UnknownWorkers atomic.Int64 // NATS messages for a worker name the feed does not have
 	BadEvents      atomic.Int64 // events that decoded but made no sense (token count vs blocks): skipped
+	SparseStores   atomic.Int64 // BlockStored with fewer hashes than blocks of tokens (null or masked blocks): skipped
 	UnknownEvents  atomic.Int64 // events of a type the decoder does not know (newer vLLM): skipped
-	Filtered       atomic.Int64 // events for another medium or attention group
+	FilteredMedium atomic.Int64 // events for a medium Options.Media does not map
+	FilteredGroup  atomic.Int64 // events of a KV-cache group the router does not follow (not full attention, or not the first)
 	SizeMismatch   atomic.Int64 // BlockStored with another block size
-	UnknownParent  atomic.Int64 // BlockStored whose parent the router never saw: skipped
+	UnknownParent  atomic.Int64 // BlockStored whose parent the router never saw, and no skipped context to reach it: skipped
 	UnknownBlocks  atomic.Int64 // removed blocks the router never saw
+	SkippedContext atomic.Int64 // BlockStored applied by hashing its skipped context (its parent was unknown)
 	BlocksStored   atomic.Int64
 	BlocksRemoved  atomic.Int64
 	Evicted        atomic.Int64 // index entries dropped to keep a worker within its capacity (Engine.SetCapacity)
@@ -57,6 +68,34 @@ type Stats struct {
 	Unrecoverable  atomic.Int64 // gaps a replay could not fill: the engine's state was dropped
 	Restarts       atomic.Int64 // sequences that went backwards: the engine's state was dropped
 	ReplayFailures atomic.Int64 // replay requests that failed outright
+}
+
+// reason is why something was dropped: a Stats counter and the outcome that metrics.go exports
+// it under.
+type reason uint8
+
+const (
+	reasonBadPayload reason = iota
+	reasonBadMessage
+	reasonUnknownWorker
+	reasonBadEvent
+	reasonSparseStore
+	reasonUnknownEvent
+	reasonFilteredMedium
+	reasonFilteredGroup
+	reasonBlockSize
+	reasonUnknownParent
+	reasonUnknownBlock
+	numReasons
+)
+
+var reasonNames = [numReasons]string{"bad_payload", "bad_message", "unknown_worker", "bad_event", "sparse_store",
+	"unknown_event", "filtered_medium", "filtered_group", "block_size_mismatch", "unknown_parent", "unknown_block"}
+
+func (s *Stats) counter(r reason) *atomic.Int64 {
+	return [numReasons]*atomic.Int64{&s.BadPayloads, &s.BadMessages, &s.UnknownWorkers, &s.BadEvents,
+		&s.SparseStores, &s.UnknownEvents, &s.FilteredMedium, &s.FilteredGroup, &s.SizeMismatch,
+		&s.UnknownParent, &s.UnknownBlocks}[r]
 }
 
 // Replayer fetches an engine's buffered batches with seq ≥ from, calling deliver for each in
@@ -86,6 +125,9 @@ type Engine struct {
 	batch Batch
 	seqs  []uint64 // scratch: the sequence hashes of an event's blocks
 	keys  []uint64 // scratch: their index keys
+
+	name   string // the worker's, for logs (Feed.AddWorker)
+	logged uint32 // reasons already logged, a bit each: one line per worker and reason
 }
 
 type engineBlock struct {
@@ -195,11 +237,13 @@ func (e *Engine) apply(seq uint64, payload []byte) {
 	e.haveSeq, e.last = true, seq
 	e.stats.Batches.Add(1)
 	if err := DecodeBatch(payload, &e.batch); err != nil {
-		e.stats.BadPayloads.Add(1)
+		if e.drop(reasonBadPayload, 1) {
+			e.logDrop(reasonBadPayload, "seq", seq, "error", err)
+		}
 		return
 	}
-	if e.batch.Unknown > 0 {
-		e.stats.UnknownEvents.Add(int64(e.batch.Unknown))
+	if n := e.batch.Unknown; n > 0 && e.drop(reasonUnknownEvent, int64(n)) {
+		e.logDrop(reasonUnknownEvent, "seq", seq, "events", n)
 	}
 	for i := range e.batch.Events {
 		e.applyEvent(&e.batch.Events[i])
@@ -219,8 +263,17 @@ func (e *Engine) applyEvent(ev *Event) {
 		medium = "GPU"
 	}
 	tier, ok := e.opts.Media[medium]
-	if !ok || !e.routedGroup(ev) {
-		e.stats.Filtered.Add(1)
+	if !ok {
+		if e.drop(reasonFilteredMedium, 1) {
+			e.logDrop(reasonFilteredMedium, "medium", medium)
+		}
+		return
+	}
+	if !e.routedGroup(ev) {
+		if e.drop(reasonFilteredGroup, 1) {
+			e.logDrop(reasonFilteredGroup, "group", ev.Group, "kind", ev.SpecKind, "sliding_window", ev.Window,
+				"followed_group", e.group)
+		}
 		return
 	}
 	if ev.Kind == BlockStored {
@@ -230,20 +283,60 @@ func (e *Engine) applyEvent(ev *Event) {
 	}
 }
 
-// routedGroup says whether an event belongs to the attention group the router matches on: the
-// first full-attention group a store names (hybrid models publish one group per attention type).
+// routedGroup says whether an event belongs to the KV-cache group the router follows. Hybrid
+// models publish one store per group for the same blocks (vLLM's block hashes do not name the
+// group), and only a full-attention group holds every block of a sequence; sliding-window,
+// chunked-local and Mamba groups hold a tail, or nothing the router could match. A store names
+// its group's kind (kv_cache_spec_kind), so any other kind is ignored from its first event; the
+// router follows the first full-attention group a store names, and removes (which carry only
+// group_idx) of that group. vLLM without kv_cache_spec_kind: the first group a store names.
+// vLLM without group_idx: every event (one group).
 func (e *Engine) routedGroup(ev *Event) bool {
 	if ev.Group < 0 {
 		return true
 	}
-	if e.group < 0 {
-		if ev.Kind == BlockStored && (ev.SpecKind == "" || ev.SpecKind == "full_attention") {
-			e.group = ev.Group
-			return true
+	if ev.Kind == BlockStored {
+		if ev.SpecKind != "" && !fullAttention(ev.SpecKind) {
+			return false
 		}
-		return ev.Group == 0
+		if e.group < 0 {
+			e.group = ev.Group
+		}
 	}
 	return ev.Group == e.group
+}
+
+// fullAttention says whether a kv_cache_spec_kind is one whose group caches every block of a
+// sequence: vLLM's FullAttentionSpec and its subclasses MLAAttentionSpec and
+// SinkFullAttentionSpec (get_kv_cache_spec_kind, vllm/v1/kv_cache_interface.py; README.md).
+func fullAttention(kind string) bool {
+	switch kind {
+	case "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
+}
+
+// drop counts n of something dropped for reason r and says whether to log it: the first time
+// for this engine, when there is a logger. Callers build the log's attributes only then, so a
+// dropped event costs no allocation.
+func (e *Engine) drop(r reason, n int64) bool {
+	e.stats.counter(r).Add(n)
+	if e.logged&(1<<r) != 0 || e.opts.Log == nil {
+		return false
+	}
+	e.logged |= 1 << r
+	return true
+}
+
+// logDrop logs the first drop for a reason (drop said so).
+func (e *Engine) logDrop(r reason, attrs ...any) {
+	level, what := slog.LevelWarn, "kv events dropped"
+	if r == reasonFilteredMedium || r == reasonFilteredGroup {
+		level, what = slog.LevelInfo, "kv events ignored" // by design: another tier or attention type
+	}
+	attrs = append([]any{"worker", e.name, "reason", reasonNames[r]}, attrs...)
+	e.opts.Log.Log(context.Background(), level, what+" (logged once per worker and reason; kv_events_total counts them all)", attrs...)
 }
 
 func (e *Engine) lookup(h uint64) (engineBlock, bool) {
@@ -274,11 +367,24 @@ func (e *Engine) store(ev *Event, tier int) {
 	}
 	bs := e.hasher.BlockSize()
 	if ev.BlockSize != 0 && ev.BlockSize != bs {
-		e.stats.SizeMismatch.Add(1)
+		if e.drop(reasonBlockSize, 1) {
+			e.logDrop(reasonBlockSize, "block_size", ev.BlockSize, "router_block_size", bs)
+		}
 		return
 	}
-	if len(ev.Tokens) != len(ev.Hashes)*bs || (len(ev.Extra) != 0 && len(ev.Extra) != len(ev.Hashes)) {
-		e.stats.BadEvents.Add(1)
+	if len(ev.Tokens) != len(ev.Hashes)*bs || (len(ev.Extra) != 0 && len(ev.Extra) != len(ev.Hashes)) ||
+		!e.skippedFits(ev) {
+		r := reasonBadEvent
+		if len(ev.Tokens) > len(ev.Hashes)*bs && len(ev.Tokens)%bs == 0 {
+			// vLLM's stores over null or masked blocks (sliding window, Mamba align mode) list
+			// only the blocks they cached but the tokens of all: which tokens belong to which
+			// hash is lost (vLLM issue #44451).
+			r = reasonSparseStore
+		}
+		if e.drop(r, 1) {
+			e.logDrop(r, "group", ev.Group, "kind", ev.SpecKind, "hashes", len(ev.Hashes), "tokens", len(ev.Tokens),
+				"extra_keys", len(ev.Extra), "skipped_tokens", len(ev.SkippedTokens), "skipped_extra_keys", len(ev.SkippedExtra))
+		}
 		return
 	}
 	capped := e.kvcap.limit > 0
@@ -289,14 +395,28 @@ func (e *Engine) store(ev *Event, tier int) {
 		}
 	}
 	var parent, parentKey, seed uint64
+	var p engineBlock
+	known := false
 	if ev.HasParent {
-		p, ok := e.lookup(ev.Parent)
-		if !ok {
-			e.stats.UnknownParent.Add(1)
+		p, known = e.lookup(ev.Parent)
+	}
+	switch {
+	case ev.HasParent && known:
+		parent, parentKey, seed = p.seq, p.key, p.seed
+	case ev.HasParent && len(ev.SkippedTokens) > 0:
+		if parent, parentKey, seed, known = e.skippedChain(ev); !known {
+			if e.drop(reasonUnknownParent, 1) {
+				e.logDrop(reasonUnknownParent, "group", ev.Group, "skipped_parent", ev.SkippedParent)
+			}
 			return
 		}
-		parent, parentKey, seed = p.seq, p.key, p.seed
-	} else {
+		e.stats.SkippedContext.Add(1)
+	case ev.HasParent:
+		if e.drop(reasonUnknownParent, 1) {
+			e.logDrop(reasonUnknownParent, "group", ev.Group, "parent", ev.Parent)
+		}
+		return
+	default:
 		salt := ""
 		if len(ev.Extra) > 0 {
 			salt = ev.Extra[0].Salt
@@ -345,12 +465,59 @@ func (e *Engine) store(ev *Event, tier int) {
 	}
 }
 
+// skippedFits says whether a store's skipped context is whole blocks, with extra keys for each
+// or none (vLLM sends one entry per skipped block).
+func (e *Engine) skippedFits(ev *Event) bool {
+	bs := e.hasher.BlockSize()
+	n := len(ev.SkippedTokens) / bs
+	return len(ev.SkippedTokens)%bs == 0 && (len(ev.SkippedExtra) == 0 || len(ev.SkippedExtra) == n) &&
+		(n == 0 || ev.HasParent) // a skipped span ends at the stored blocks' parent
+}
+
+// skippedChain hashes a store's skipped context: the blocks between the last block vLLM
+// announced for the request (SkippedParent; none: the sequence's start) and the store's parent,
+// which vLLM cached without announcing (or announced in a group the router does not follow).
+// It returns the parent's sequence hash and the index key it would have (the chain's child keys:
+// none of the skipped blocks is in this worker's view), and the seed, or !ok when SkippedParent
+// is unknown too. The skipped blocks are not stored: the engine does not hold them.
+func (e *Engine) skippedChain(ev *Event) (parent, parentKey, seed uint64, ok bool) {
+	chained := ev.HasSkippedParent
+	if chained {
+		p, known := e.lookup(ev.SkippedParent)
+		if !known {
+			return 0, 0, 0, false
+		}
+		parent, parentKey, seed = p.seq, p.key, p.seed
+	} else {
+		salt := ""
+		if len(ev.SkippedExtra) > 0 {
+			salt = ev.SkippedExtra[0].Salt
+		}
+		seed = router.SeedFor(ev.LoraName, salt)
+	}
+	bs := e.hasher.BlockSize()
+	for i := range len(ev.SkippedTokens) / bs {
+		var media []uint64
+		if len(ev.SkippedExtra) > 0 {
+			media = ev.SkippedExtra[i].Media
+		}
+		h := e.hasher.LocalBlock(ev.SkippedTokens[i*bs:(i+1)*bs], seed, media)
+		if i > 0 || chained {
+			h = router.ChainHash(parent, h)
+		}
+		parent, parentKey = h, index.ChildKey(parentKey, h)
+	}
+	return parent, parentKey, seed, true
+}
+
 func (e *Engine) remove(ev *Event, tier int) {
 	e.keys = e.keys[:0]
 	for _, eh := range ev.Hashes {
 		b, ok := e.lookup(eh)
 		if !ok || b.tiers&(1<<tier) == 0 {
-			e.stats.UnknownBlocks.Add(1)
+			if e.drop(reasonUnknownBlock, 1) {
+				e.logDrop(reasonUnknownBlock, "group", ev.Group, "medium", ev.Medium, "block", eh)
+			}
 			continue
 		}
 		e.keys = append(e.keys, b.key)

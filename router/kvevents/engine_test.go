@@ -125,9 +125,9 @@ func TestEngineFiltersAndMistakes(t *testing.T) {
 	live := func(p []byte) { g.eng.Live(seq, p, nil); seq++ }
 
 	live(batch(stored(0, 2, "disk", 0, "full_attention", 16)))
-	require.Equal(t, int64(1), g.stats.Filtered.Load(), "unknown medium")
+	require.Equal(t, int64(1), g.stats.FilteredMedium.Load(), "unknown medium")
 	live(batch(stored(0, 2, "GPU", 1, "sliding_window", 16)))
-	require.Equal(t, int64(2), g.stats.Filtered.Load(), "not the full-attention group")
+	require.Equal(t, int64(1), g.stats.FilteredGroup.Load(), "not a full-attention group")
 	live(batch(stored(0, 2, "GPU", 0, "full_attention", 32)))
 	require.Equal(t, int64(1), g.stats.SizeMismatch.Load())
 	live(batch(stored(2, 4, "GPU", 0, "full_attention", 16)))
@@ -136,7 +136,7 @@ func TestEngineFiltersAndMistakes(t *testing.T) {
 	require.Equal(t, 2, g.overlap(c.ours, 0))
 	require.Equal(t, 4, g.overlap(c.ours, 1), "device blocks then host blocks")
 	live(batch(stored(0, 2, "GPU", 1, "full_attention", 16)))
-	require.Equal(t, int64(3), g.stats.Filtered.Load(), "group 0 is the routed one now")
+	require.Equal(t, int64(2), g.stats.FilteredGroup.Load(), "group 0 is the routed one now")
 
 	// Removing from one tier keeps the other; a removal of an unknown block is counted.
 	e := &msgpackEncoder{}
@@ -183,6 +183,9 @@ func TestEngineHashMapBounded(t *testing.T) {
 func FuzzEngineLive(f *testing.F) {
 	for _, c := range batchCases(f) {
 		p, _ := hex.DecodeString(c.Payload)
+		f.Add(uint64(0), p)
+	}
+	for _, p := range scenarioPayloads(f) {
 		f.Add(uint64(0), p)
 	}
 	e := &msgpackEncoder{}

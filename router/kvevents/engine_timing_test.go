@@ -111,3 +111,47 @@ func BenchmarkEngineCapacity(b *testing.B) {
 	b.Run("held=16384/cap=none", func(b *testing.B) { run(b, 0, storeOld, 2*batches) })
 	b.Run("held=16384/cap=16384", func(b *testing.B) { run(b, capacity, storeOnly, 2*batches) })
 }
+
+// Decoding alone, into a reused Batch: a batch storing 32 blocks (chained) and removing 32, in
+// both of msgspec's layouts, as a text-only engine publishes it; and the same in the map layout
+// with the fields a hybrid-model engine adds (group_idx, kv_cache_spec_kind and its window).
+func BenchmarkDecodeBatch(b *testing.B) {
+	rnd := rand.New(rand.NewPCG(7, 10))
+	c := newConvo(rnd, 64)
+	hybrid := batchOf(true, func(e *msgpackEncoder) {
+		e.map_(10).str("type").str("BlockStored").str("block_hashes").array(32)
+		for _, h := range c.engine[32:] {
+			e.uint(h)
+		}
+		e.str("parent_block_hash").uint(c.engine[31]).str("token_ids").array(512)
+		for _, t := range c.tokens[512:] {
+			e.uint(uint64(t))
+		}
+		e.str("block_size").uint(16).str("lora_id").nil().str("medium").str("GPU").str("lora_name").nil()
+		e.str("group_idx").uint(1).str("kv_cache_spec_kind").str("sliding_window")
+		e.map_(4).str("type").str("BlockRemoved").str("block_hashes").array(32)
+		for _, h := range c.engine[:32] {
+			e.uint(h)
+		}
+		e.str("medium").str("GPU").str("group_idx").uint(1)
+	}, 2)
+	for _, bc := range []struct {
+		name    string
+		payload []byte
+	}{
+		{"array", batchOf(false, func(e *msgpackEncoder) { c.stored(e, 32, 64, false); c.removed(e, 0, 32) }, 2)},
+		{"map", batchOf(true, func(e *msgpackEncoder) { c.stored(e, 32, 64, true); c.removed(e, 0, 32) }, 2)},
+		{"map-hybrid", hybrid},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var batch Batch
+			b.SetBytes(int64(len(bc.payload)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := DecodeBatch(bc.payload, &batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -53,6 +53,7 @@ func (f *Feed) AddWorker(name string) (*Engine, error) {
 		_ = f.r.RemoveWorker(name) // just added: cannot fail
 		return nil, err
 	}
+	eng.name = name
 	eng.SetCapacity(f.r.Options().Capacity)
 	next := maps.Clone(*f.engines.Load())
 	next[name] = eng

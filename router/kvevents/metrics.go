@@ -37,13 +37,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	s := c.s
 	n(c.events, s.Batches.Load(), "batch_applied")
-	n(c.events, s.BadPayloads.Load(), "bad_payload")
-	n(c.events, s.BadEvents.Load(), "bad_event")
-	n(c.events, s.UnknownEvents.Load(), "unknown_event")
-	n(c.events, s.Filtered.Load(), "filtered")
-	n(c.events, s.SizeMismatch.Load(), "block_size_mismatch")
-	n(c.events, s.UnknownParent.Load(), "unknown_parent")
-	n(c.events, s.UnknownBlocks.Load(), "unknown_block")
+	for r := range numReasons {
+		n(c.events, s.counter(r).Load(), reasonNames[r])
+	}
+	n(c.events, s.SkippedContext.Load(), "skipped_context")
 	n(c.events, s.Clears.Load(), "all_blocks_cleared")
 	n(c.blocks, s.BlocksStored.Load(), "stored")
 	n(c.blocks, s.BlocksRemoved.Load(), "removed")

@@ -24,11 +24,16 @@ import (
 // DefaultNATSPrefix is the subject prefix our engines publish on.
 const DefaultNATSPrefix = "dataplane.kv"
 
-// NATSStats count messages the NATS subscriber could not hand to an engine.
+// NATSStats count messages the NATS subscriber could not hand to an engine: the subscription's
+// own counts (the feed's Stats count them too, for its metrics: unknown_worker, bad_message).
 type NATSStats struct {
 	UnknownWorker atomic.Int64 // subject names a worker the feed does not have
 	BadMessages   atomic.Int64 // shorter than the 8-byte sequence number
 }
+
+// maxLoggedNames bounds the unknown worker names a NATS subscription logs (once each): subjects
+// come from anyone who can publish, so the set of names seen is not bounded.
+const maxLoggedNames = 64
 
 // NATSMessage builds a message payload: seq then the msgpack batch.
 func NATSMessage(seq uint64, batch []byte) []byte {
@@ -59,15 +64,37 @@ func SubscribeNATS(ctx context.Context, nc *nats.Conn, prefix string, f *Feed, s
 // Messages are handled one at a time on the subscription's goroutine (so each worker's batches
 // stay in order); the client's pending limits bound what waits, and an overflow shows up as a
 // sequence gap.
+//
+// A message for a worker the feed does not have is counted (stats, and the feed's
+// unknown_worker) and its name logged once, for the first maxLoggedNames names; a message too
+// short to hold a batch is counted (bad_message) and logged once per worker. stats may be nil.
 func StartNATS(nc *nats.Conn, prefix string, f *Feed, stats *NATSStats) (*nats.Subscription, error) {
+	if stats == nil {
+		stats = &NATSStats{}
+	}
+	logged := map[string]bool{} // names logged; the handler runs on one goroutine at a time
 	sub, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
 		name := strings.TrimPrefix(m.Subject, prefix+".")
 		e := f.Engine(name)
 		switch {
 		case e == nil:
 			stats.UnknownWorker.Add(1)
+			f.stats.UnknownWorkers.Add(1)
+			if log := f.opts.Log; log != nil && !logged[name] && len(logged) <= maxLoggedNames {
+				logged[name] = true
+				if len(logged) > maxLoggedNames {
+					log.Warn("kv events dropped: more unknown worker names, not logged", "reason", reasonNames[reasonUnknownWorker],
+						"names_logged", maxLoggedNames)
+				} else {
+					log.Warn("kv events dropped: no worker of that name (logged once per name; kv_events_total counts them all)",
+						"reason", reasonNames[reasonUnknownWorker], "subject", m.Subject[:min(len(m.Subject), 256)])
+				}
+			}
 		case len(m.Data) < 8:
 			stats.BadMessages.Add(1)
+			if e.drop(reasonBadMessage, 1) {
+				e.logDrop(reasonBadMessage, "subject", m.Subject, "bytes", len(m.Data))
+			}
 		default:
 			seq, _ := be64(m.Data[:8])
 			e.Live(seq, m.Data[8:], nil)

@@ -48,9 +48,20 @@ type Event struct {
 	BlockSize int
 	LoraName  string // BlockStored: lora_name, or the decimal lora_id from vLLM versions without names
 	Medium    string // "" when absent
-	Group     int    // attention group (group_idx); -1 when absent
-	SpecKind  string // kv_cache_spec_kind, e.g. "full_attention"; "" when absent
+	Group     int    // KV-cache group (group_idx); -1 when absent
+	SpecKind  string // BlockStored: kv_cache_spec_kind, e.g. "full_attention"; "" when absent
+	Window    int    // BlockStored: kv_cache_spec_sliding_window; 0 when absent
 	Extra     []BlockExtra
+
+	// A store's skipped context (skipped_* fields, README.md): the tokens of the blocks between
+	// the last block vLLM announced for this request (SkippedParent, or the sequence's start
+	// when !HasSkippedParent) and Parent, which vLLM did not announce, with their extra keys.
+	// HasSkipped when skipped_token_ids is present.
+	SkippedParent    uint64
+	HasSkippedParent bool
+	HasSkipped       bool
+	SkippedTokens    []uint32
+	SkippedExtra     []BlockExtra
 }
 
 // BlockExtra is what vLLM's extra_keys say about one stored block that changes its hash: the
@@ -170,11 +181,13 @@ func nextEvent(b *Batch) *Event {
 		b.Events = append(b.Events, Event{})
 	}
 	ev := &b.Events[len(b.Events)-1]
-	*ev = Event{Hashes: ev.Hashes[:0], Tokens: ev.Tokens[:0], Extra: ev.Extra[:0], Group: -1}
+	*ev = Event{Hashes: ev.Hashes[:0], Tokens: ev.Tokens[:0], Extra: ev.Extra[:0], Group: -1,
+		SkippedTokens: ev.SkippedTokens[:0], SkippedExtra: ev.SkippedExtra[:0]}
 	return ev
 }
 
-// Field order of the array encoding after the tag.
+// Field order of the array encoding after the tag (msgspec's array_like, older vLLM). The
+// skipped_* fields exist only in the map encoding vLLM uses now, where they are named.
 var (
 	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
 	removedFields = []string{"block_hashes", "medium", "group_idx"}
@@ -303,17 +316,25 @@ func decodeEventField(r *mpReader, ev *Event, name string, loraID *string) error
 		ev.Parent, err = readHash(r)
 		ev.HasParent = true
 	case "token_ids":
-		var n int
-		if n, err = r.readLen(false); err != nil {
-			return err
+		ev.Tokens, err = readTokens(r, ev.Tokens)
+	case "skipped_token_ids":
+		if r.readNil() {
+			return nil
 		}
-		for range n {
-			v, err := r.readSmallInt(0, 1<<32-1, "token id")
-			if err != nil {
-				return err
-			}
-			ev.Tokens = append(ev.Tokens, uint32(v))
+		ev.HasSkipped = true
+		ev.SkippedTokens, err = readTokens(r, ev.SkippedTokens)
+	case "skipped_parent_block_hash":
+		if r.readNil() {
+			return nil
 		}
+		ev.SkippedParent, err = readHash(r)
+		ev.HasSkippedParent = true
+	case "skipped_extra_keys":
+		// The same per-block entries as extra_keys, for the skipped blocks.
+		extra := ev.Extra
+		ev.Extra = ev.SkippedExtra
+		err = decodeExtraKeys(r, ev)
+		ev.SkippedExtra, ev.Extra = ev.Extra, extra
 	case "block_size":
 		var v int64
 		v, err = r.readSmallInt(1, 1<<20, "block_size")
@@ -341,13 +362,18 @@ func decodeEventField(r *mpReader, ev *Event, name string, loraID *string) error
 		default:
 			ev.SpecKind = internMedium(s)
 		}
-	case "group_idx":
+	case "group_idx", "kv_cache_spec_sliding_window":
 		if r.readNil() {
 			return nil
 		}
 		var v int64
-		v, err = r.readSmallInt(0, 1<<20, "group_idx")
-		ev.Group = int(v)
+		if name == "group_idx" { // literals: were name to escape, string(key) would be copied
+			v, err = r.readSmallInt(0, 1<<20, "group_idx")
+			ev.Group = int(v)
+		} else {
+			v, err = r.readSmallInt(0, 1<<40, "kv_cache_spec_sliding_window")
+			ev.Window = int(v)
+		}
 	case "extra_keys":
 		err = decodeExtraKeys(r, ev)
 	default:
@@ -356,17 +382,41 @@ func decodeEventField(r *mpReader, ev *Event, name string, loraID *string) error
 	return err
 }
 
-// internMedium avoids an allocation for the usual values.
+// internMedium avoids an allocation for the usual media and KV-cache spec kinds.
 func internMedium(s []byte) string {
 	switch string(s) {
 	case "GPU":
 		return "GPU"
 	case "CPU":
 		return "CPU"
-	case "full_attention":
-		return "full_attention"
+	}
+	for _, k := range specKinds {
+		if string(s) == k {
+			return k
+		}
 	}
 	return string(s)
+}
+
+// specKinds are the kv_cache_spec_kind values vLLM publishes (KVCacheSpecKind in
+// vllm/v1/kv_cache_interface.py, README.md).
+var specKinds = [...]string{"full_attention", "mla_attention", "sink_full_attention", "sliding_window",
+	"sliding_window_mla", "chunked_local_attention", "mamba", "encoder_only_attention", "cross_attention", "unknown"}
+
+// readTokens appends a token_ids list to dst.
+func readTokens(r *mpReader, dst []uint32) ([]uint32, error) {
+	n, err := r.readLen(false)
+	if err != nil {
+		return dst, err
+	}
+	for range n {
+		v, err := r.readSmallInt(0, 1<<32-1, "token id")
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, uint32(v))
+	}
+	return dst, nil
 }
 
 // readHash reads an engine block hash: an int (its low 64 bits) or a digest (its last 8 bytes,
@@ -452,16 +502,25 @@ func decodeExtraKeys(r *mpReader, ev *Event) error {
 
 // resolveExtras sorts the plain strings of each block's extra keys into the LoRA name (dropped:
 // it is mixed into the seed), the salt (the last plain string of a sequence's first block that is
-// not a 64-hex-digit media digest) and media identifiers (the rest).
+// not a 64-hex-digit media digest) and media identifiers (the rest), for the stored blocks and
+// the skipped ones before them.
 func (ev *Event) resolveExtras() error {
-	for bi := range ev.Extra {
-		x := &ev.Extra[bi]
+	resolveBlockExtras(ev.SkippedExtra, ev.LoraName, !ev.HasSkippedParent)
+	resolveBlockExtras(ev.Extra, ev.LoraName, !ev.HasParent)
+	return nil
+}
+
+// resolveBlockExtras resolves the extra keys of a run of blocks; first says whether extras[0] is a
+// sequence's first block.
+func resolveBlockExtras(extras []BlockExtra, lora string, first bool) {
+	for bi := range extras {
+		x := &extras[bi]
 		strs := x.strs
 		x.strs = nil
-		if ev.LoraName != "" && len(strs) > 0 && strs[0] == ev.LoraName {
+		if lora != "" && len(strs) > 0 && strs[0] == lora {
 			strs = strs[1:]
 		}
-		if bi == 0 && !ev.HasParent && len(strs) > 0 && !router.IsMediaDigest(strs[len(strs)-1]) {
+		if bi == 0 && first && len(strs) > 0 && !router.IsMediaDigest(strs[len(strs)-1]) {
 			x.Salt = strs[len(strs)-1]
 			strs = strs[:len(strs)-1]
 		}
@@ -469,5 +528,4 @@ func (ev *Event) resolveExtras() error {
 			x.Media = append(x.Media, router.MediaHash(s))
 		}
 	}
-	return nil
 }

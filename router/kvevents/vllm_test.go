@@ -343,6 +343,9 @@ func FuzzDecodeBatch(f *testing.F) {
 		p, _ := hex.DecodeString(c.Payload)
 		f.Add(p)
 	}
+	for _, p := range scenarioPayloads(f) { // hybrid, MLA, skipped context
+		f.Add(p)
+	}
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90})
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, asMap := range []bool{false, true} {
@@ -362,6 +365,9 @@ func FuzzDecodeBatch(f *testing.F) {
 			for _, ev := range b.Events {
 				if ev.Kind < BlockStored || ev.Kind > AllBlocksCleared {
 					t.Fatalf("event of kind %d in a decoded batch", ev.Kind)
+				}
+				if len(ev.SkippedTokens) > 0 && !ev.HasSkipped || ev.Group < -1 || ev.Window < 0 {
+					t.Fatalf("event %+v", ev)
 				}
 			}
 		}

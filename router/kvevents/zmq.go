@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -22,6 +23,7 @@ type ZMQOptions struct {
 	LiveBuffer    int           // live batches held while a replay runs; default 10,000
 	ReplayTimeout time.Duration // the longest a replay may take; default 10s
 	RedialEvery   time.Duration // how often a lost connection is redialled; default 1s
+	Log           *slog.Logger  // the first message that is not [topic, seq, payload] is logged here; nil: none
 }
 
 // DefaultZMQOptions fills the defaults around an endpoint.
@@ -84,10 +86,15 @@ func SubscribeZMQ(ctx context.Context, opts ZMQOptions, stats *Stats, engineFor 
 		}
 	}
 	engines := map[int]*Engine{}
+	badFrames := 0
 	for m := range live {
 		seq, payload, err := parseEventFrames(m.Frames, false)
 		if err != nil {
-			stats.BadPayloads.Add(1)
+			stats.BadMessages.Add(1)
+			if badFrames++; badFrames == 1 && opts.Log != nil {
+				opts.Log.Warn("kv events dropped (logged once per subscription; kv_events_total counts them all)",
+					"endpoint", opts.Endpoint, "reason", reasonNames[reasonBadMessage], "error", err)
+			}
 			continue
 		}
 		rank := peekDPRank(payload)
