@@ -179,8 +179,11 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Input: in, Tokens: a.Tokens(len(clip.Samples)), Key: AudioKey(clip.Samples, clip.Rate),
-		Detail: fmt.Sprintf("%v, %d window(s), %v convention", clip, f.Windows, a.Convention)}, nil
+	detail := fmt.Sprintf("%v, %d window(s), %v convention", clip, f.Windows, a.Convention)
+	if len(a.Kept(clip.Samples)) < len(clip.Samples) {
+		detail += ", truncated at 30 s"
+	}
+	return &Result{Input: in, Tokens: a.Tokens(len(clip.Samples)), Key: AudioKey(clip.Samples, clip.Rate), Detail: detail}, nil
 }
 
 // Video preprocesses a video container (through ffmpeg), or, when images is non-empty, a list
