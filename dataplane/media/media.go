@@ -139,8 +139,8 @@ type Result struct {
 	// ImageSize is LLaVA-NeXT's image_sizes entry, (height, width); zero for the others.
 	ImageSize [2]int
 	Tokens    int
-	Key    Key
-	Detail string // what was decoded, for logs and the CLI
+	Key       Key
+	Detail    string // what was decoded, for logs and the CLI
 }
 
 // Options for the pipelines; the zero value means each package's defaults.
