@@ -229,6 +229,10 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 	if err != nil {
 		return nil, err
 	}
+	tokens, err := a.CheckTokens(len(clip.Samples))
+	if err != nil {
+		return nil, err
+	}
 	f, err := a.LogMel(clip.Samples, opts.Threads)
 	if err != nil {
 		return nil, err
@@ -241,7 +245,7 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 	if len(a.Kept(clip.Samples)) < len(clip.Samples) {
 		detail += ", truncated at 30 s"
 	}
-	return &Result{Input: in, Tokens: a.Tokens(len(clip.Samples)), Key: AudioKey(clip.Samples, clip.Rate), Detail: detail}, nil
+	return &Result{Input: in, Tokens: tokens, Key: AudioKey(clip.Samples, clip.Rate), Detail: detail}, nil
 }
 
 // Video preprocesses a video container (through ffmpeg), or, when images is non-empty, a list

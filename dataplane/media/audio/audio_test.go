@@ -251,6 +251,19 @@ func TestTokens(t *testing.T) {
 	all.Truncate = false
 	f(all, 480000+160, 750)   // 1 frame in the second window: 0 tokens
 	f(all, 480000+5*160, 751) // 5 frames: 1 token
+	// 20 ms or less gives Qwen2-Audio no token: refused, as vLLM does.
+	for n, want := range map[int]int{1: 0, 320: 0, 321: 1, 16000: 25} {
+		got, err := Qwen2Audio7.CheckTokens(n)
+		require.Equal(t, want, got, "%d samples", n)
+		if want == 0 {
+			require.ErrorIs(t, err, ErrTooShort)
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	n, err := Whisper80.CheckTokens(1)
+	require.NoError(t, err)
+	require.Equal(t, 1500, n)
 }
 
 // A truncating preset's features are the first 30 s's, whatever follows, and its token count

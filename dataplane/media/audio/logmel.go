@@ -176,6 +176,16 @@ func (p Preset) Tokens(n int) int {
 	return tokens
 }
 
+// CheckTokens refuses audio of n samples that gives no token: Qwen2-Audio's count is 0 for
+// 20 ms or less, which vLLM refuses ("too short to be represented inside the model").
+func (p Preset) CheckTokens(n int) (int, error) {
+	t := p.Tokens(n)
+	if t < 1 {
+		return 0, errorf(ErrTooShort, "log-mel", "", "%s: %d samples (%.3f s) give no token", p.Name, n, float64(n)/SampleRate)
+	}
+	return t, nil
+}
+
 // InputFeatures is the features as the encoder's input, Hugging Face's input_features:
 // [Windows, Mels, 3000] in dtype.
 func (f *Features) InputFeatures(dtype native.DType) (native.Tensor, error) {

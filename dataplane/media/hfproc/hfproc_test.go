@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"dataplane/dataplane/media/audio"
 	"dataplane/dataplane/media/picture"
 )
 
@@ -31,6 +32,7 @@ type reference struct {
 		Seconds         float64
 		Samples, Tokens int
 		Windows         int
+		Error           string
 	}
 	Sweeps map[string][][3]int
 }
@@ -93,7 +95,13 @@ func TestReference(t *testing.T) {
 	for _, c := range ref.Audio {
 		a := get(c.Config).Audio
 		require.NotNil(t, a, c.Config)
-		require.Equal(t, c.Tokens, a.Tokens(c.Samples), "%s %g s", c.Config, c.Seconds)
+		n, err := a.CheckTokens(c.Samples)
+		if c.Error != "" {
+			require.ErrorIs(t, err, audio.ErrTooShort, "%s %g s", c.Config, c.Seconds)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, c.Tokens, n, "%s %g s", c.Config, c.Seconds)
 		require.Equal(t, c.Windows, a.Windows(c.Samples), "%s %g s", c.Config, c.Seconds)
 	}
 	require.Len(t, ref.Sweeps, 3)

@@ -43,7 +43,7 @@ SIZES = [(1, 1), (10, 10), (27, 300), (28, 28), (28, 500), (500, 28), (29, 29), 
          (1100, 808), (1024, 768), (1920, 1080), (1080, 1920), (4000, 3000), (3000, 4000), (8000, 500),
          (448, 448), (672, 336), (336, 1008), (7, 4000),
          (55, 88), (99, 88), (110, 88), (47, 94)]  # the last: LLaVA-NeXT products a float error below a whole number
-SECONDS = [1, 29.9, 30, 45, 90]
+SECONDS = [0.02, 0.021, 1, 29.9, 30, 45, 90]
 RATE = 16000
 
 
@@ -192,7 +192,10 @@ def qwen2_audio(cfg, n):
     mask = [1] * kept + [0] * (fe["n_samples"] - kept)
     length = sum(mask[:: fe["hop_length"]])
     feat = (length - 1) // 2 + 1
-    return {"tokens": (feat - 2) // 2 + 1, "windows": 1}
+    tokens = (feat - 2) // 2 + 1
+    if tokens == 0:  # vLLM's qwen2_audio.py: "is too short to be represented inside the model"
+        raise ValueError("too short to be represented inside the model")
+    return {"tokens": tokens, "windows": 1}
 
 
 def whisper(cfg, n):
@@ -221,7 +224,12 @@ for name, fn in AUDIO.items():
     cfg = load(name)
     for s in SECONDS:
         n = round(s * RATE)
-        out["audio"].append({"config": name, "seconds": s, "samples": n, **fn(cfg, n)})
+        row = {"config": name, "seconds": s, "samples": n}
+        try:
+            row.update(fn(cfg, n))
+        except ValueError as e:
+            row["error"] = str(e)
+        out["audio"].append(row)
 
 # Sweeps over many shapes for the families whose counts turn on float arithmetic: every size
 # w x h for w, h in a grid of steps (LLaVA-NeXT's unpadding and best resolution, InternVL's
