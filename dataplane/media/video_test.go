@@ -13,8 +13,8 @@ import (
 	"github.com/zeebo/blake3"
 
 	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
-	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/media/hfproc"
+	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/media/video"
 	"dataplane/native"
 )
