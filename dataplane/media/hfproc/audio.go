@@ -52,6 +52,7 @@ func (p *parse) audio(o *object) error {
 		o.fail("processor_class", "%q is not a processor this server reproduces (WhisperProcessor, Qwen2AudioProcessor)", processor)
 	}
 	pr.Mels = mels
+	p.model.needFor(o, "num_mel_bins", "audio_config", "audio_config.num_mel_bins")
 	if m := p.model; m != nil {
 		if m.NumMelBins != nil {
 			agree(o, "feature_size", mels, "num_mel_bins", m.NumMelBins)

@@ -262,6 +262,10 @@ func TestParseSettings(t *testing.T) {
 	require.Equal(t, 1.5, s.Video.FPS)
 	require.Equal(t, [2]int{4, 64}, [2]int{s.Video.MinFrames, s.Video.MaxFrames})
 	require.Equal(t, 768*28*28, s.Video.Frames.MaxPixels) // the video processor's default
+	// A config.json field no processor here needs may be anything.
+	s = parse(map[string]string{PreprocessorFile: `{"image_processor_type": "Qwen2VLImageProcessor"}`,
+		ModelFile: `{"model_type": "qwen2_vl", "vision_config": {"image_size": [384, 384], "patch_size": 14}, "use_thumbnail": "yes"}`})
+	require.Equal(t, 14, s.Image.Patch)
 	// The "full" strategy keeps the CLS token.
 	s = parse(map[string]string{PreprocessorFile: `{"image_processor_type": "CLIPImageProcessor", "size": 336, "crop_size": 336}`,
 		ProcessorFile: `{"patch_size": 14, "vision_feature_select_strategy": "full", "num_additional_image_tokens": 1}`})

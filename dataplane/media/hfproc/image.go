@@ -136,6 +136,7 @@ func (p *parse) qwen2VL(o *object, base picture.Preset) *picture.Preset {
 	pr.MergeSize = bounded(o, "merge_size", o.int("merge_size", pr.MergeSize), 1, 16)
 	pr.TemporalPatch = bounded(o, "temporal_patch_size", o.int("temporal_patch_size", pr.TemporalPatch), 1, 16)
 	pixels(o, &pr)
+	p.model.needFor(o, "vision_config", "vision_config.patch_size", "vision_config.spatial_merge_size", "vision_config.temporal_patch_size")
 	if v := p.model.vision(); v != nil {
 		agree(o, "patch_size", pr.Patch, "vision_config.patch_size", v.PatchSize)
 		agree(o, "merge_size", pr.MergeSize, "vision_config.spatial_merge_size", v.SpatialMergeSize)
@@ -191,6 +192,7 @@ func (p *parse) clip(o *object, family picture.Family) *picture.Preset {
 		if pr.Size != pr.CropSize {
 			o.fail("size", "shortest_edge %d differs from crop_size %d: LLaVA-NeXT's tiles are both", pr.Size, pr.CropSize)
 		}
+		p.model.needFor(o, "image_grid_pinpoints")
 		if mp := p.model.gridPinpoints(); mp != nil && fmt.Sprint(mp) != fmt.Sprint(pr.Pinpoints) {
 			o.fail("image_grid_pinpoints", "%v disagrees with %s image_grid_pinpoints %v (vLLM reads the latter)", pr.Pinpoints, ModelFile, mp)
 		}
@@ -222,6 +224,7 @@ func (p *parse) siglip(o *object) *picture.Preset {
 // and config.json, refusing the two when they disagree. cls is the tokens the tower adds to
 // the patch grid (1 for CLIP's CLS).
 func (p *parse) visionTokens(o *object, pr *picture.Preset, sizeField string, side, cls int) {
+	p.model.needFor(o, "vision_config", "vision_config.image_size", "vision_config.patch_size", "vision_feature_select_strategy")
 	if v := p.model.vision(); v != nil {
 		agree(o, sizeField, side, "vision_config.image_size", v.ImageSize)
 	}
@@ -266,6 +269,10 @@ func (p *parse) visionTokens(o *object, pr *picture.Preset, sizeField string, si
 // internVL builds InternVL 2 / 2.5's preset from config.json, as vLLM's InternVL processor does.
 func (p *parse) internVL() (*picture.Preset, error) {
 	m := p.model
+	if err := m.need("model_type", "vision_config", "vision_config.image_size", "vision_config.patch_size", "force_image_size",
+		"downsample_ratio", "min_dynamic_patch", "max_dynamic_patch", "use_thumbnail", "dynamic_image_size"); err != nil {
+		return nil, err
+	}
 	bad := func(field, format string, args ...any) (*picture.Preset, error) {
 		return nil, &Error{File: ModelFile, Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
