@@ -346,24 +346,3 @@ func (o *object) errOrNil() error {
 	}
 	return o.err
 }
-
-func (m *model) vision() *visionConfig {
-	if m == nil {
-		return nil
-	}
-	return m.Vision
-}
-
-func (m *model) gridPinpoints() [][2]int {
-	if m == nil {
-		return nil
-	}
-	return m.ImageGridPinpoints
-}
-
-func (m *model) strategy() string {
-	if m == nil {
-		return ""
-	}
-	return m.VisionFeatureSelectStrategy
-}

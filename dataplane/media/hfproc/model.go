@@ -147,3 +147,24 @@ func agree(o *object, field string, v int, modelField string, mv *int) {
 		o.fail(field, "%d disagrees with %s %s = %d", v, ModelFile, modelField, *mv)
 	}
 }
+
+func (m *model) vision() *visionConfig {
+	if m == nil {
+		return nil
+	}
+	return m.Vision
+}
+
+func (m *model) gridPinpoints() [][2]int {
+	if m == nil {
+		return nil
+	}
+	return m.ImageGridPinpoints
+}
+
+func (m *model) strategy() string {
+	if m == nil {
+		return ""
+	}
+	return m.VisionFeatureSelectStrategy
+}
