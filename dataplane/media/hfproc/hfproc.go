@@ -210,6 +210,9 @@ func (p *parse) run() error {
 		if err := p.video(vid); err != nil {
 			return err
 		}
+		if p.s.Image == nil || p.s.Image.Family != picture.Qwen2VL {
+			return &Error{File: vid.file, Field: vid.prefix + "video_processor_type", Msg: "a Qwen2-VL video processor needs a Qwen2-VL image processor beside it"}
+		}
 	}
 	if audioObj != nil {
 		if err := p.audio(audioObj); err != nil {

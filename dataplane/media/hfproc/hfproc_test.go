@@ -212,6 +212,9 @@ func TestParseRefusals(t *testing.T) {
 		{map[string]string{PreprocessorFile: `{` + qwen + `}`, VideoFile: `{"video_processor_type": "LlavaOnevisionVideoProcessor"}`}, VideoFile, "video_processor_type"},
 		{map[string]string{PreprocessorFile: `{` + qwen + `}`, VideoFile: `{"video_processor_type": "Qwen2VLVideoProcessor", "fps": -1}`}, VideoFile, "fps"},
 		{map[string]string{PreprocessorFile: `{` + qwen + `}`, ProcessorFile: `{"patch_size": 14}`}, ProcessorFile, "patch_size"},
+		{map[string]string{PreprocessorFile: `{"image_processor_type": "SiglipImageProcessor"}`, VideoFile: `{"video_processor_type": "Qwen2VLVideoProcessor"}`},
+			VideoFile, "video_processor_type"},
+		{map[string]string{ProcessorFile: `{"video_processor": {"video_processor_type": "Qwen2VLVideoProcessor"}}`}, ProcessorFile, "video_processor.video_processor_type"},
 		{map[string]string{PreprocessorFile: `{` + qwen + `}`, ProcessorFile: `{"image_processor": {` + qwen + `}}`}, PreprocessorFile, ""},
 		{map[string]string{"tokenizer.json": `{}`}, "tokenizer.json", ""},
 	}
