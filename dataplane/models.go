@@ -9,6 +9,7 @@ import (
 
 	"dataplane/dataplane/encoder"
 	"dataplane/dataplane/media"
+	"dataplane/dataplane/media/hfproc"
 	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/sequence"
 	"dataplane/native"
@@ -24,6 +25,11 @@ type ModelOptions struct {
 	AudioModel   string // Whisper encoder checkpoint directory ("": demo)
 	AudioPreset  string // media preset ("": whisper-80 or whisper-128 by the model's mel bins)
 	NoAudio      bool   // serve no audio encoder
+	// Processor is a directory of Hugging Face processor files (preprocessor_config.json, ...)
+	// that decide the presets; "": the first of VisionModel and TokenizerDir that has them (the
+	// audio preset: AudioModel's); "none": the built-in presets only.
+	Processor    string
+	TokenizerDir string // the tokenizer's directory (set from the tokenizer options)
 	// Embeddings is a safetensors file holding the LLM's input embedding table ([vocab,
 	// hidden]), named EmbeddingTensor or found by its usual names; "": a random table of
 	// DemoVocab × the encoders' width.
@@ -51,6 +57,9 @@ type Models struct {
 	Audio  *encoder.Model // nil: no audio input
 	// VisionPreset and AudioPreset turn media into the encoders' inputs.
 	VisionPreset, AudioPreset media.Preset
+	// VisionProcessor and AudioProcessor are the processor files the presets were read from
+	// (nil: built in), for the start-up log.
+	VisionProcessor, AudioProcessor *hfproc.Settings
 	// Table is the LLM's input embedding table, Hidden its width; features and merged
 	// sequences are DType.
 	Table  native.Matrix
@@ -139,58 +148,155 @@ func loadAudio(o ModelOptions) (*encoder.Model, error) {
 	return encoder.Random(c, o.Seed+1, nil, o.Threads)
 }
 
+// ProcessorNone as ModelOptions.Processor turns the processor files off.
+const ProcessorNone = "none"
+
+// processor reads the processor files of the first of dirs that has them (nil when none
+// does, or when turned off).
+func (o ModelOptions) processor(dirs ...string) (*hfproc.Settings, error) {
+	if o.Processor == ProcessorNone {
+		return nil, nil
+	}
+	if o.Processor != "" {
+		s, err := media.LoadProcessor(o.Processor)
+		if err != nil {
+			return nil, fmt.Errorf("--processor %s: %w", o.Processor, err)
+		}
+		return s, nil
+	}
+	s, err := media.LoadProcessor(dirs...)
+	if errors.Is(err, hfproc.ErrNone) {
+		return nil, nil
+	}
+	return s, err
+}
+
 // choosePresets picks (or checks) the media presets and that their inputs and token counts
-// are the encoders'.
+// are the encoders'. A checkpoint's processor files decide a preset when there are some; the
+// built-in ones are the defaults when there are none.
 func (m *Models) choosePresets(o ModelOptions) error {
 	vc := m.Vision.Spec.Config
-	name := o.VisionPreset
-	if name == "" {
-		family := "clip"
-		if vc.Arch == native.ArchSigLIP {
-			family = "siglip"
-		}
-		name = fmt.Sprintf("%s-%d", family, vc.ImageSize)
-	}
-	p, err := media.Lookup(name)
+	settings, err := o.processor(o.VisionModel, o.TokenizerDir)
 	if err != nil {
-		return fmt.Errorf("--vision-preset: %w", err)
+		return err
+	}
+	var p media.Preset
+	if image, _ := fromSettings(settings); image != nil {
+		p = *image
+		if o.VisionPreset != "" {
+			named, err := media.Lookup(o.VisionPreset)
+			if err != nil {
+				return fmt.Errorf("--vision-preset: %w", err)
+			}
+			if named.Picture == nil || named.Picture.Family != p.Picture.Family || named.Picture.Size != p.Picture.Size {
+				return fmt.Errorf("%w: --vision-preset %s contradicts the processor files in %s (%s)", ErrModels, named.Name, settings.Dir, p.Summary())
+			}
+		}
+		m.VisionProcessor = settings
+	} else {
+		name := o.VisionPreset
+		if name == "" {
+			family := "clip"
+			if vc.Arch == native.ArchSigLIP {
+				family = "siglip"
+			}
+			name = fmt.Sprintf("%s-%d", family, vc.ImageSize)
+		}
+		if p, err = media.Lookup(name); err != nil {
+			return fmt.Errorf("--vision-preset: %w", err)
+		}
+	}
+	name := p.Name
+	if p.Source != "" {
+		name = fmt.Sprintf("the processor files in %s (%s)", p.Source, p.Picture.Family)
 	}
 	if p.Picture == nil || (p.Picture.Family != picture.CLIP && p.Picture.Family != picture.SigLIP) {
-		return fmt.Errorf("%w: preset %s is not a CLIP or SigLIP picture preset (the CPU encoders run ViTs of fixed size)", ErrModels, name)
+		return fmt.Errorf("%w: %s: not a CLIP or SigLIP picture preset (the CPU encoders run ViTs of fixed size; an engine fed this way would count other tokens than this server)", ErrModels, name)
 	}
 	if p.Picture.Size != vc.ImageSize {
-		return fmt.Errorf("%w: preset %s makes %d-px inputs, the vision encoder takes %d", ErrModels, name, p.Picture.Size, vc.ImageSize)
+		return fmt.Errorf("%w: %s makes %d-px inputs, the vision encoder takes %d", ErrModels, name, p.Picture.Size, vc.ImageSize)
+	}
+	if p.Picture.Family == picture.CLIP && p.Picture.CropSize != 0 && p.Picture.CropSize != vc.ImageSize {
+		return fmt.Errorf("%w: %s crops %d-px inputs, the vision encoder takes %d", ErrModels, name, p.Picture.CropSize, vc.ImageSize)
 	}
 	tokens, err := m.Vision.Tokens(encoder.Input{})
 	if err != nil {
 		return err
 	}
-	if want := (p.Picture.Size / p.Picture.Patch) * (p.Picture.Size / p.Picture.Patch); want != tokens {
-		return fmt.Errorf("%w: preset %s counts %d tokens an image, the vision encoder's selection (%v) gives %d",
-			ErrModels, name, want, m.Vision.Select(), tokens)
+	if want, err := p.Picture.Tokens(vc.ImageSize, vc.ImageSize); err != nil || want != tokens {
+		return fmt.Errorf("%w: %s counts %d tokens an image (%v), the vision encoder's selection (%v) gives %d",
+			ErrModels, name, want, err, m.Vision.Select(), tokens)
 	}
 	m.VisionPreset = p
 	if m.Audio == nil {
 		return nil
 	}
+	return m.chooseAudioPreset(o)
+}
+
+// chooseAudioPreset picks the audio preset: from the first of --processor, the audio model's
+// directory and the tokenizer's whose processor files have a feature extractor, else the
+// built-in one for the encoder's mel bins.
+func (m *Models) chooseAudioPreset(o ModelOptions) error {
 	ac := m.Audio.Spec.Config
-	if name = o.AudioPreset; name == "" {
-		name = "whisper-80"
-		if ac.NMels == 128 {
-			name = "whisper-128"
+	var settings *hfproc.Settings
+	for _, dir := range []string{o.Processor, o.AudioModel, o.TokenizerDir} {
+		if o.Processor == ProcessorNone || dir == "" {
+			continue
+		}
+		s, err := media.LoadProcessor(dir)
+		if errors.Is(err, hfproc.ErrNone) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("audio processor: %w", err)
+		}
+		if s.Audio != nil {
+			settings = s
+			break
 		}
 	}
-	if p, err = media.Lookup(name); err != nil {
-		return fmt.Errorf("--audio-preset: %w", err)
+	var p media.Preset
+	if _, sound := fromSettings(settings); sound != nil {
+		p = *sound
+		if o.AudioPreset != "" {
+			named, err := media.Lookup(o.AudioPreset)
+			if err != nil {
+				return fmt.Errorf("--audio-preset: %w", err)
+			}
+			if named.Audio == nil || named.Audio.Mels != p.Audio.Mels || named.Audio.Qwen2Audio != p.Audio.Qwen2Audio {
+				return fmt.Errorf("%w: --audio-preset %s contradicts the processor files in %s (%s)", ErrModels, named.Name, settings.Dir, p.Summary())
+			}
+		}
+		m.AudioProcessor = settings
+	} else {
+		name := o.AudioPreset
+		if name == "" {
+			name = "whisper-80"
+			if ac.NMels == 128 {
+				name = "whisper-128"
+			}
+		}
+		var err error
+		if p, err = media.Lookup(name); err != nil {
+			return fmt.Errorf("--audio-preset: %w", err)
+		}
 	}
 	if p.Audio == nil || p.Audio.Mels != ac.NMels || p.Audio.Qwen2Audio {
-		return fmt.Errorf("%w: preset %s does not make the %d-bin Whisper input the audio encoder takes", ErrModels, name, ac.NMels)
+		return fmt.Errorf("%w: preset %s (%s) does not make the %d-bin Whisper input the audio encoder takes", ErrModels, p.Name, p.Summary(), ac.NMels)
 	}
 	if ac.MaxPositions*2 != 3000 {
 		return fmt.Errorf("%w: the audio encoder takes %d frames, presets make 3000-frame windows", ErrModels, 2*ac.MaxPositions)
 	}
 	m.AudioPreset = p
 	return nil
+}
+
+func fromSettings(s *hfproc.Settings) (image, sound *media.Preset) {
+	if s == nil {
+		return nil, nil
+	}
+	return media.FromProcessor(s)
 }
 
 // embeddingNames are where LLM checkpoints keep the input embedding table.

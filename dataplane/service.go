@@ -173,6 +173,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	if opts.Models.Embeddings == "" {
 		opts.Models.DemoVocab = s.tok.VocabSize()
 	}
+	opts.Models.TokenizerDir = opts.Tokenizer.Dir // its processor files, when it has some
 	if s.models, err = LoadModels(opts.Models); err != nil {
 		return nil, err
 	}

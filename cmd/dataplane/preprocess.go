@@ -30,6 +30,7 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.SetOutput(stderr)
 	var (
 		presetName = fs.String("preset", "", "preprocessing preset (see the list below)")
+		procDir    = fs.String("processor", "", "directory of a checkpoint's Hugging Face processor files (preprocessor_config.json, ...): its settings instead of --preset")
 		imagePath  = fs.String("image", "", "a JPEG or PNG file, or a data: URL")
 		audioPath  = fs.String("audio", "", "an audio file (WAV, FLAC, MP3; others through ffmpeg), or a data: URL")
 		videoPath  = fs.String("video", "", "a video file (through ffmpeg)")
@@ -49,7 +50,7 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		threads    = fs.Int("threads", 0, "log-mel threads (0: all)")
 	)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: dataplane preprocess --preset NAME (--image F | --audio F | --video F | --images F1,F2,..) --out OUT.safetensors\n\n")
+		fmt.Fprintf(stderr, "Usage: dataplane preprocess (--preset NAME | --processor DIR) (--image F | --audio F | --video F | --images F1,F2,..) --out OUT.safetensors\n\n")
 		fmt.Fprintf(stderr, "Writes the exact encoder input tensor(s) of one item and prints its token count and content key.\n\nFlags:\n")
 		fs.PrintDefaults()
 		fmt.Fprintf(stderr, "\nPresets:\n")
@@ -76,12 +77,32 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			inputs++
 		}
 	}
-	if *presetName == "" || *outPath == "" || inputs != 1 {
-		return usage("need --preset, --out and exactly one of --image, --audio, --video, --images (-h lists presets)")
+	if (*presetName == "") == (*procDir == "") || *outPath == "" || inputs != 1 {
+		return usage("need one of --preset and --processor, --out and exactly one of --image, --audio, --video, --images (-h lists presets)")
 	}
-	preset, err := media.Lookup(*presetName)
-	if err != nil {
-		return usage("%v", err)
+	var preset media.Preset
+	if *presetName != "" {
+		p, err := media.Lookup(*presetName)
+		if err != nil {
+			return usage("%v", err)
+		}
+		preset = p
+	} else {
+		p, err := processorPreset(*procDir, *audioPath != "", stdout)
+		if err != nil {
+			return err
+		}
+		preset = *p
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if preset.Video != nil { // the checkpoint's video processor says these unless a flag does
+		if !set["fps"] {
+			*fps = 0
+		}
+		if !set["max-frames"] {
+			*maxFrames = 0
+		}
 	}
 	dtype, err := native.ParseDType(*dtypeName)
 	if err != nil {
@@ -111,7 +132,7 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	)
 	switch {
 	case *imagePath != "":
-		modality, names = "image", tensorNames{"pixel_values", "image_grid_thw"}
+		modality, names = "image", tensorNames{"pixel_values", "image_grid_thw", "image_sizes"}
 		data, err := readInput(*imagePath)
 		if err != nil {
 			return err
@@ -130,7 +151,7 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		}
 	default:
-		modality, names = "video", tensorNames{"pixel_values_videos", "video_grid_thw"}
+		modality, names = "video", tensorNames{input: "pixel_values_videos", grid: "video_grid_thw"}
 		var data []byte
 		var images [][]byte
 		if *videoPath != "" {
@@ -164,23 +185,52 @@ func preprocess(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-// tensorNames are what Hugging Face's processors call an item's tensors: its encoder input and
-// Qwen2-VL's patch grid.
-type tensorNames struct{ input, grid string }
+// tensorNames are what Hugging Face's processors call an item's tensors: its encoder input,
+// Qwen2-VL's patch grid and LLaVA-NeXT's image size.
+type tensorNames struct{ input, grid, sizes string }
 
-// fileTensors is what preprocess writes: the encoder input and, where the preset has one, the
-// patch grid as the [1, 3] I64 tensor Qwen2-VL's processors return.
+// fileTensors is what preprocess writes: the encoder input and, where the preset has them,
+// the patch grid as the [1, 3] I64 tensor Qwen2-VL's processors return and the [1, 2] I64
+// (height, width) LLaVA-NeXT's return.
 func fileTensors(res *media.Result, names tensorNames) []safetensors.Tensor {
 	in := res.Input
 	out := []safetensors.Tensor{{Name: names.input, DType: safetensors.DTypeName(in.DType), Shape: in.Shape, Data: in.Data}}
-	if res.Grid != [3]int{} { // Qwen2-VL; a grid has at least one patch a side
-		grid := make([]byte, 0, 24)
-		for _, v := range res.Grid {
-			grid = binary.LittleEndian.AppendUint64(grid, uint64(v))
+	i64 := func(name string, v ...int) safetensors.Tensor {
+		data := make([]byte, 0, 8*len(v))
+		for _, x := range v {
+			data = binary.LittleEndian.AppendUint64(data, uint64(x))
 		}
-		out = append(out, safetensors.Tensor{Name: names.grid, DType: "I64", Shape: []int{1, 3}, Data: grid})
+		return safetensors.Tensor{Name: name, DType: "I64", Shape: []int{1, len(v)}, Data: data}
+	}
+	if res.Grid != [3]int{} { // Qwen2-VL; a grid has at least one patch a side
+		out = append(out, i64(names.grid, res.Grid[:]...))
+	}
+	if res.ImageSize != [2]int{} && names.sizes != "" { // LLaVA-NeXT
+		out = append(out, i64(names.sizes, res.ImageSize[:]...))
 	}
 	return out
+}
+
+// processorPreset is the preset a checkpoint's processor files make for the item (audio or
+// pictures), after printing what was read.
+func processorPreset(dir string, sound bool, stdout io.Writer) (*media.Preset, error) {
+	s, err := media.LoadProcessor(dir)
+	if err != nil {
+		return nil, fmt.Errorf("--processor %s: %w", dir, err)
+	}
+	image, audio := media.FromProcessor(s)
+	p, what := image, "image processor"
+	if sound {
+		p, what = audio, "feature extractor"
+	}
+	if p == nil {
+		return nil, fmt.Errorf("--processor %s: its files (%s) have no %s", dir, strings.Join(s.Files, ", "), what)
+	}
+	fmt.Fprintf(stdout, "processor: %s (%s): %s\n", dir, strings.Join(s.Files, ", "), p.Summary())
+	for _, n := range s.Notes {
+		fmt.Fprintf(stdout, "processor note: %s\n", n)
+	}
+	return p, nil
 }
 
 // readInput reads a file, or decodes a data: URL given in its place.

@@ -7,6 +7,8 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
+	"image"
+	"image/png"
 	"io"
 	"math"
 	"os"
@@ -173,4 +175,37 @@ func TestPreprocessWritesPinnedFiles(t *testing.T) {
 		"tensor input_features BF16 [1 128 3000]", "--preset", "whisper-128", "--audio", wav, "--mel", "hf", "--dtype", "bf16")
 	f("qwen2-audio f16", "bece9d06ec9b036fe5d237a1db82ced1afbd3f9f375a89c50c42b15a004ab13e", 768336,
 		"tensor input_features F16 [1 128 3000]", "--preset", "qwen2-audio", "--audio", wav, "--dtype", "f16")
+}
+
+// --processor: a checkpoint's files decide the preprocessing. Qwen2-VL-7B's max_pixels makes a
+// 1920x1080 picture 2,691 tokens (its class default, 1,222); LLaVA-NeXT writes image_sizes.
+func TestPreprocessProcessor(t *testing.T) {
+	dir := t.TempDir()
+	pic := filepath.Join(dir, "wide.png")
+	img := image.NewRGBA(image.Rect(0, 0, 1920, 1080))
+	var buf bytes.Buffer
+	require.NoError(t, png.Encode(&buf, img))
+	require.NoError(t, os.WriteFile(pic, buf.Bytes(), 0o644))
+	configs := "../../dataplane/media/hfproc/testdata/configs/"
+	for _, c := range []struct {
+		config, want, tensor string
+	}{
+		{"qwen2-vl-7b-instruct", "tokens 2691", "tensor image_grid_thw I64 [1 3]"},
+		{"llava-v1.6-mistral-7b-hf", "tokens 1948", "tensor image_sizes I64 [1 2]"},
+		{"siglip-so400m-patch14-384", "tokens 729", "tensor pixel_values F32 [1 3 384 384]"},
+	} {
+		var stdout, stderr bytes.Buffer
+		out := filepath.Join(dir, c.config+".safetensors")
+		code := run(context.Background(), []string{"preprocess", "--processor", configs + c.config, "--image", pic, "--out", out}, &stdout, &stderr)
+		require.Equal(t, 0, code, stderr.String())
+		require.Contains(t, stdout.String(), c.want, c.config)
+		require.Contains(t, stdout.String(), c.tensor, c.config)
+		require.Contains(t, stdout.String(), "processor: "+configs+c.config, c.config)
+	}
+	var stderr bytes.Buffer
+	require.Equal(t, 1, run(context.Background(), []string{"preprocess", "--processor", configs + "whisper-base", "--image", pic,
+		"--out", filepath.Join(dir, "x")}, io.Discard, &stderr))
+	require.Contains(t, stderr.String(), "have no image processor")
+	require.Equal(t, 2, run(context.Background(), []string{"preprocess", "--processor", dir, "--preset", "clip-224", "--image", pic,
+		"--out", filepath.Join(dir, "x")}, io.Discard, io.Discard))
 }

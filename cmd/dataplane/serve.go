@@ -20,6 +20,7 @@ import (
 	"dataplane/cuda"
 	"dataplane/dataplane"
 	"dataplane/dataplane/api"
+	"dataplane/dataplane/media/hfproc"
 	"dataplane/dataplane/memory"
 	"dataplane/dataplane/worker"
 	"dataplane/features"
@@ -71,6 +72,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&mo.AudioModel, "audio-model", "", "Whisper encoder checkpoint directory (default: a random demo model)")
 	fs.StringVar(&mo.AudioPreset, "audio-preset", "", "media preset for audio (default: whisper-80 / whisper-128 from the model)")
 	fs.BoolVar(&mo.NoAudio, "no-audio", false, "serve no audio encoder")
+	fs.StringVar(&mo.Processor, "processor", "", "directory of Hugging Face processor files (preprocessor_config.json, processor_config.json, video_preprocessor_config.json, config.json) that set the presets (default: the vision model's, else the tokenizer's; the audio model's for audio; none: the built-in presets)")
 	fs.StringVar(&mo.Embeddings, "embeddings", "", "safetensors file with the LLM's input embedding table (default: random)")
 	fs.StringVar(&mo.EmbeddingTensor, "embedding-tensor", "", "the table's tensor name (default: model.embed_tokens.weight and the usual others)")
 	fs.StringVar(&sf.dtype, "dtype", mo.DType.String(), "dtype of features and merged sequences: bf16, f16 or f32")
@@ -212,6 +214,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	m := svc.Models()
 	log.Info("models", "name", m.Name, "vision", m.Vision.Name, "vision_preset", m.VisionPreset.Name,
 		"audio", audioName(m), "hidden", m.Hidden, "vocab", svc.Tokenizer().VocabSize())
+	logProcessor(log, "vision", m.VisionProcessor, m.VisionPreset.Summary())
+	if m.Audio != nil {
+		logProcessor(log, "audio", m.AudioProcessor, m.AudioPreset.Summary())
+	}
 	subs, err := addWorkers(ctx, svc, plan, so.Router.BlockSize, log)
 	if err != nil {
 		svc.Close(context.Background()) //nolint:errcheck
@@ -278,6 +284,23 @@ func addrOf(ln net.Listener) string {
 		return ""
 	}
 	return ln.Addr().String()
+}
+
+// logProcessor says where a modality's preprocessing came from: the processor files read (and
+// what in them was set aside), or the built-in preset.
+func logProcessor(log *slog.Logger, modality string, s *hfproc.Settings, summary string) {
+	if s == nil {
+		log.Info("preprocessing", "modality", modality, "from", "built-in preset", "settings", summary)
+		return
+	}
+	class := s.Class
+	if modality == "audio" {
+		class = s.AudioClass
+	}
+	log.Info("preprocessing", "modality", modality, "from", s.Dir, "files", strings.Join(s.Files, ","), "class", class, "settings", summary)
+	for _, n := range s.Notes {
+		log.Info("preprocessing note", "modality", modality, "note", n)
+	}
 }
 
 func audioName(m *dataplane.Models) string {

@@ -5,42 +5,98 @@
 package media
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"dataplane/dataplane/media/admit"
 	"dataplane/dataplane/media/audio"
+	"dataplane/dataplane/media/hfproc"
 	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/media/video"
 	"dataplane/native"
 )
 
 // Preset is a named preprocessing: a picture preset (used for images and video frames) or an
-// audio preset.
+// audio preset, built in or read from a checkpoint's processor files (FromProcessor).
 type Preset struct {
 	Name    string
 	Picture *picture.Preset
 	Audio   *audio.Preset
+	// Video, when set, is a checkpoint's video processor: its frames' preprocessing and the
+	// sampling defaults (fps, min and max frames) for options that leave them unset.
+	Video *hfproc.Video
+	// Source is the directory the settings were read from ("": built in).
+	Source string
 }
 
-// Summary is one line for --help.
+// FromProcessor is the presets a checkpoint's processor settings make: images (with video) and
+// audio, each nil when the files have none.
+func FromProcessor(s *hfproc.Settings) (image, sound *Preset) {
+	if s.Image != nil {
+		image = &Preset{Name: s.Image.Name, Picture: s.Image, Video: s.Video, Source: s.Dir}
+	}
+	if s.Audio != nil {
+		sound = &Preset{Name: s.Audio.Name, Audio: s.Audio, Source: s.Dir}
+	}
+	return image, sound
+}
+
+// LoadProcessor reads the first of dirs that holds processor files (see hfproc.Load); empty
+// names are skipped. hfproc.ErrNone when none does.
+func LoadProcessor(dirs ...string) (*hfproc.Settings, error) {
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		s, err := hfproc.Load(d)
+		if errors.Is(err, hfproc.ErrNone) {
+			continue
+		}
+		return s, err
+	}
+	return nil, hfproc.ErrNone
+}
+
+// Summary is one line for --help and the start-up log.
 func (p Preset) Summary() string {
+	s := p.summary()
+	if p.Video != nil {
+		f := p.Video.Frames
+		s += fmt.Sprintf("; video frames in [%d, %d] px, %g fps, %d..%d frames", f.MinPixels, f.MaxPixels, p.Video.FPS, p.Video.MinFrames, p.Video.MaxFrames)
+	}
+	if p.Source != "" {
+		s += " (from " + p.Source + ")"
+	}
+	return s
+}
+
+func (p Preset) summary() string {
 	if p.Audio != nil {
 		a := p.Audio
-		return fmt.Sprintf("audio: %d-bin log-mel, %v windows of 3000 frames", a.Mels, a.Convention)
+		s := fmt.Sprintf("audio: %d-bin log-mel, %v windows of 3000 frames", a.Mels, a.Convention)
+		if a.Truncate {
+			s += ", the first 30 s only"
+		}
+		return s
 	}
 	v := p.Picture
 	switch v.Family {
 	case picture.CLIP:
-		return fmt.Sprintf("image/video: shortest side %d + centre crop, %v, CLIP mean/std, %d tokens", v.Size, v.Filter, (v.Size/v.Patch)*(v.Size/v.Patch))
+		n, _ := v.Tokens(v.Size, v.Size)
+		return fmt.Sprintf("image/video: shortest side %d + centre crop, %v, mean %v std %v, %d tokens", v.Size, v.Filter, v.Mean, v.Std, n)
 	case picture.SigLIP:
-		return fmt.Sprintf("image/video: %dx%d %v, mean = std = 0.5, %d tokens", v.Size, v.Size, v.Filter, (v.Size/v.Patch)*(v.Size/v.Patch))
+		n, _ := v.Tokens(v.Size, v.Size)
+		return fmt.Sprintf("image/video: %dx%d %v, mean %v std %v, %d tokens", v.Size, v.Size, v.Filter, v.Mean, v.Std, n)
+	case picture.LlavaNext:
+		return fmt.Sprintf("image: LLaVA-NeXT anyres, %d-px tiles on %v pinpoints + a base picture, %d-px patches", v.Size, v.Pinpoints, v.Patch)
 	case picture.Qwen2VL:
 		return fmt.Sprintf("image/video: smart_resize to %d-px multiples in [%d, %d] px, patches of %d frames", v.Patch*v.MergeSize, v.MinPixels, v.MaxPixels, v.TemporalPatch)
 	case picture.InternVL:
-		return fmt.Sprintf("image/video: %d-px tiles (%d..%d) + thumbnail, ImageNet mean/std, %d tokens a tile", v.Size, v.MinTiles, v.MaxTiles, v.TokensPerTile)
+		return fmt.Sprintf("image/video: %d-px tiles (%d..%d), thumbnail %v, ImageNet mean/std, %d tokens a tile", v.Size, v.MinTiles, v.MaxTiles, v.Thumbnail, v.TokensPerTile)
 	}
 	return v.Family.String()
 }
@@ -79,10 +135,12 @@ type Result struct {
 	Input native.Tensor
 	// Grid is Qwen2-VL's (t, h, w) patch grid of Input (its processors' image_grid_thw or
 	// video_grid_thw); zero for the other presets.
-	Grid   [3]int
-	Tokens int
-	Key    Key
-	Detail string // what was decoded, for logs and the CLI
+	Grid [3]int
+	// ImageSize is LLaVA-NeXT's image_sizes entry, (height, width); zero for the others.
+	ImageSize [2]int
+	Tokens    int
+	Key       Key
+	Detail    string // what was decoded, for logs and the CLI
 }
 
 // Options for the pipelines; the zero value means each package's defaults.
@@ -138,7 +196,7 @@ func Image(data []byte, p Preset, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Input: out.PixelValues, Grid: out.Grid, Tokens: out.Tokens, Key: ImageKey(img), Detail: info.String()}, nil
+	return &Result{Input: out.PixelValues, Grid: out.Grid, ImageSize: out.ImageSize, Tokens: out.Tokens, Key: ImageKey(img), Detail: info.String()}, nil
 }
 
 // ImageTokens is the token count of a picture from its header alone (no pixels decoded).
@@ -171,6 +229,10 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 	if err != nil {
 		return nil, err
 	}
+	tokens, err := a.CheckTokens(len(clip.Samples))
+	if err != nil {
+		return nil, err
+	}
 	f, err := a.LogMel(clip.Samples, opts.Threads)
 	if err != nil {
 		return nil, err
@@ -179,8 +241,11 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Input: in, Tokens: a.Tokens(len(clip.Samples)), Key: AudioKey(clip.Samples, clip.Rate),
-		Detail: fmt.Sprintf("%v, %d window(s), %v convention", clip, f.Windows, a.Convention)}, nil
+	detail := fmt.Sprintf("%v, %d window(s), %v convention", clip, f.Windows, a.Convention)
+	if len(a.Kept(clip.Samples)) < len(clip.Samples) {
+		detail += ", truncated at 30 s"
+	}
+	return &Result{Input: in, Tokens: tokens, Key: AudioKey(clip.Samples, clip.Rate), Detail: detail}, nil
 }
 
 // Video preprocesses a video container (through ffmpeg), or, when images is non-empty, a list
@@ -190,9 +255,17 @@ func Video(ctx context.Context, data []byte, images [][]byte, p Preset, opts Opt
 	if p.Picture == nil {
 		return nil, errNotFor(p, "video")
 	}
-	vo := opts.Video
-	if p.Picture.Family == picture.Qwen2VL && vo.FrameMultiple == 0 {
-		vo.FrameMultiple = p.Picture.TemporalPatch
+	vo, frames := opts.Video, *p.Picture
+	if v := p.Video; v != nil {
+		frames = *v.Frames
+		vo.FPS = cmp.Or(vo.FPS, v.FPS)
+		vo.MinFrames, vo.MaxFrames = cmp.Or(vo.MinFrames, v.MinFrames), cmp.Or(vo.MaxFrames, v.MaxFrames)
+	}
+	if frames.Family == picture.Qwen2VL && vo.FrameMultiple == 0 {
+		vo.FrameMultiple = frames.TemporalPatch
+	}
+	if frames.Family == picture.LlavaNext {
+		return nil, errNotFor(p, "video (LLaVA-NeXT's video models have their own processor)")
 	}
 	key := newVideoKeyer()
 	vo.Admit, vo.Sink = opts.Admit, key
@@ -201,9 +274,9 @@ func Video(ctx context.Context, data []byte, images [][]byte, p Preset, opts Opt
 		err error
 	)
 	if len(images) > 0 {
-		v, err = video.FromImages(images, vo, *p.Picture, opts.DType)
+		v, err = video.FromImages(images, vo, frames, opts.DType)
 	} else {
-		v, err = video.Decode(ctx, data, vo, *p.Picture, opts.DType)
+		v, err = video.Decode(ctx, data, vo, frames, opts.DType)
 	}
 	if err != nil {
 		return nil, err

@@ -105,7 +105,7 @@ func TestPresetsAndPipelines(t *testing.T) {
 		names[p.Name] = true
 		require.NotEmpty(t, p.Summary())
 	}
-	for _, n := range []string{"clip-224", "clip-336", "siglip-384", "whisper-80", "whisper-128", "qwen2-vl", "internvl", "qwen2-audio"} {
+	for _, n := range []string{"clip-224", "clip-336", "siglip-384", "whisper-80", "whisper-128", "qwen2-vl", "internvl", "qwen2-audio", "llava-next"} {
 		require.True(t, names[n], n)
 	}
 	_, err := Lookup("nope")
@@ -128,6 +128,30 @@ func TestPresetsAndPipelines(t *testing.T) {
 	require.Equal(t, 1500, a.Tokens)
 	require.Equal(t, []int{1, 128, 3000}, a.Input.Shape)
 	require.Contains(t, a.Detail, "hf convention")
+
+	// LLaVA-NeXT: 200x150 goes to the 336x672 (h x w) grid: 2 tiles after the base picture.
+	next, _ := Lookup("llava-next")
+	r, err = Image(read(t, "image_200x150.png"), next, Options{})
+	require.NoError(t, err)
+	require.Equal(t, []int{3, 3, 336, 336}, r.Input.Shape)
+	require.Equal(t, 1368, r.Tokens) // gen_tokens.py's llava_next(200, 150)
+	require.Equal(t, [2]int{150, 200}, r.ImageSize)
+	n, err = ImageTokens(read(t, "image_200x150.jpg"), next)
+	require.NoError(t, err)
+	require.Equal(t, r.Tokens, n)
+	_, err = Video(context.Background(), nil, [][]byte{read(t, "image_200x150.png")}, next, Options{})
+	require.ErrorContains(t, err, "not for video")
+
+	// Presets from a checkpoint's processor files; the first directory that has them.
+	s, err := LoadProcessor("", t.TempDir(), "hfproc/testdata/configs/qwen2-audio-7b-instruct")
+	require.NoError(t, err)
+	img, snd := FromProcessor(s)
+	require.Nil(t, img)
+	require.Equal(t, "qwen2-audio", snd.Name)
+	require.Contains(t, snd.Summary(), "the first 30 s only")
+	a, err = Audio(context.Background(), read(t, "audio_7s3.wav"), *snd, Options{})
+	require.NoError(t, err)
+	require.Equal(t, 750*73/300, a.Tokens) // 7.3 s: 730 frames -> 365 -> 182
 
 	_, err = Audio(context.Background(), nil, clip336, Options{})
 	require.ErrorContains(t, err, "not for audio")

@@ -13,6 +13,7 @@ import (
 	"github.com/zeebo/blake3"
 
 	"dataplane/dataplane/media/ffmpeg/ffmpegtest"
+	"dataplane/dataplane/media/hfproc"
 	"dataplane/dataplane/media/picture"
 	"dataplane/dataplane/media/video"
 	"dataplane/native"
@@ -129,6 +130,25 @@ func TestVideoQwen2VL(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, a.Key, b.Key)
 	require.Equal(t, a.Input.Data, b.Input.Data)
+}
+
+// A checkpoint's video processor: its frames' pixel bounds (not the image processor's) and its
+// frame count when the options leave it unset.
+func TestVideoProcessorSettings(t *testing.T) {
+	s, err := hfproc.Parse(map[string][]byte{
+		hfproc.PreprocessorFile: []byte(`{"image_processor_type": "Qwen2VLImageProcessor", "max_pixels": 12845056}`),
+		hfproc.VideoFile:        []byte(`{"video_processor_type": "Qwen2VLVideoProcessor", "min_pixels": 784, "max_pixels": 1568, "min_frames": 2, "max_frames": 2}`),
+	})
+	require.NoError(t, err)
+	q, _ := FromProcessor(s)
+	_, pngs := clip(t, "testsrc2")
+	v, err := Video(context.Background(), nil, pngs, *q, Options{})
+	require.NoError(t, err)
+	// 2 frames (max_frames), one temporal patch; 96x64 in at most 1,568 px: smart_resize gives
+	// 28x28 (84x56 is too many; floor(64/1.98/28) = floor(96/1.98/28) = 1), 2x2 patches, one
+	// token. The image processor's bounds would give 84x56 (6 tokens a patch).
+	require.Equal(t, [3]int{1, 2, 2}, v.Grid)
+	require.Equal(t, 1, v.Tokens)
 }
 
 func TestVideoBadInputs(t *testing.T) {

@@ -243,9 +243,52 @@ func TestTokens(t *testing.T) {
 	f(Whisper128, 480001*2, 3000) // 60 s + 2 samples: frames 6000 -> 2 windows (transcribe)
 	f(Qwen2Audio7, 480000, 750)
 	f(Qwen2Audio7, 116800, 182)       // 730 frames -> 365 -> 182
-	f(Qwen2Audio7, 480000+160, 750)   // 1 frame in the second window: 0 tokens
-	f(Qwen2Audio7, 480000+5*160, 751) // 5 frames: 1 token
+	f(Qwen2Audio7, 480000+5*160, 750) // truncated at 30 s, as HF's feature extractor does
+	f(Qwen2Audio7, 45*16000, 750)
 	f(Qwen2Audio7, 0, 0)
+	// Counted per window when a preset keeps every window.
+	all := Qwen2Audio7
+	all.Truncate = false
+	f(all, 480000+160, 750)   // 1 frame in the second window: 0 tokens
+	f(all, 480000+5*160, 751) // 5 frames: 1 token
+	// 20 ms or less gives Qwen2-Audio no token: refused, as vLLM does.
+	for n, want := range map[int]int{1: 0, 320: 0, 321: 1, 16000: 25} {
+		got, err := Qwen2Audio7.CheckTokens(n)
+		require.Equal(t, want, got, "%d samples", n)
+		if want == 0 {
+			require.ErrorIs(t, err, ErrTooShort)
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	n, err := Whisper80.CheckTokens(1)
+	require.NoError(t, err)
+	require.Equal(t, 1500, n)
+}
+
+// A truncating preset's features are the first 30 s's, whatever follows, and its token count
+// is the features' attention mask's.
+func TestTruncate(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	long := make([]float32, 45*SampleRate)
+	for i := range long {
+		long[i] = float32(r.NormFloat64() * 0.1)
+	}
+	p := Qwen2Audio7
+	full, err := p.LogMel(long, 2)
+	require.NoError(t, err)
+	head, err := p.LogMel(long[:WindowSamples], 2)
+	require.NoError(t, err)
+	require.Equal(t, 1, full.Windows)
+	require.Equal(t, head.Data, full.Data)
+	require.Equal(t, []int{WindowFrames}, full.AudioFrames)
+	require.Equal(t, 750, p.Tokens(len(long)))
+	all := p
+	all.Truncate = false
+	f, err := all.LogMel(long, 2)
+	require.NoError(t, err)
+	require.Equal(t, 2, f.Windows)
+	require.Equal(t, 750+375, all.Tokens(len(long))) // what was counted before: 1,125
 }
 
 // Resampling against ffmpeg's default resampler on the same input: a tone's SNR, and how much of

@@ -11,6 +11,7 @@ var (
 	ErrCorrupt     = errors.New("corrupt audio")              // truncated or malformed data
 	ErrUnsupported = errors.New("unsupported audio encoding") // a valid file with an encoding we do not decode
 	ErrEmpty       = errors.New("no audio samples")           // zero-length audio
+	ErrTooShort    = errors.New("audio too short")            // too short to give the model a token (vLLM refuses it too)
 	ErrTooLong     = errors.New("audio too long")             // over the duration limit
 	ErrRate        = errors.New("bad sample rate")            // zero or absurd sample rate or channel count
 	ErrFFmpeg      = errors.New("ffmpeg failed")              // ffmpeg missing, timed out or refused the input

@@ -53,13 +53,17 @@ type Preset struct {
 	// Qwen2Audio counts tokens as Qwen2-Audio does (Whisper's 1500 a window, average-pooled by
 	// 2, from the frames that hold audio); otherwise 1500 per window.
 	Qwen2Audio bool
+	// Truncate keeps only the first 30 s, as Hugging Face's WhisperFeatureExtractor does by
+	// default (truncation=True, max_length = n_samples): one window, whatever the length.
+	// Qwen2-Audio's processor, and so vLLM, feed the model that way.
+	Truncate bool
 }
 
 // The built-in presets.
 var (
 	Whisper80   = Preset{Name: "whisper-80", Mels: 80}   // Whisper tiny .. large-v2
 	Whisper128  = Preset{Name: "whisper-128", Mels: 128} // Whisper large-v3
-	Qwen2Audio7 = Preset{Name: "qwen2-audio", Mels: 128, Convention: HF, Qwen2Audio: true}
+	Qwen2Audio7 = Preset{Name: "qwen2-audio", Mels: 128, Convention: HF, Qwen2Audio: true, Truncate: true}
 )
 
 // Presets lists the built-in presets.
@@ -75,8 +79,12 @@ type Features struct {
 }
 
 // Windows is how many 30 s windows n samples at 16 kHz make (at least 1): HF cuts the waveform
-// every 480,000 samples; transcribe cuts the frames with audio, n / 160 of them, every 3000.
+// every 480,000 samples; transcribe cuts the frames with audio, n / 160 of them, every 3000; a
+// truncating preset takes one.
 func (p Preset) Windows(n int) int {
+	if p.Truncate {
+		return 1
+	}
 	if p.Convention == HF {
 		return max(1, (n+WindowSamples-1)/WindowSamples)
 	}
@@ -101,6 +109,7 @@ func (p Preset) LogMel(samples []float32, threads int) (*Features, error) {
 	if len(samples) == 0 {
 		return nil, errorf(ErrEmpty, "log-mel", "", "no samples")
 	}
+	samples = p.Kept(samples)
 	w := p.Windows(len(samples))
 	f := &Features{Data: make([]float32, w*p.Mels*WindowFrames), Windows: w, Mels: p.Mels, AudioFrames: make([]int, w)}
 	audioFrames := (len(samples) + native.WhisperHop - 1) / native.WhisperHop
@@ -134,13 +143,25 @@ func (p Preset) LogMel(samples []float32, threads int) (*Features, error) {
 	return f, nil
 }
 
+// Kept is the part of the samples the preset encodes: all of them, or the first 30 s when it
+// truncates.
+func (p Preset) Kept(samples []float32) []float32 {
+	if p.Truncate && len(samples) > WindowSamples {
+		return samples[:WindowSamples]
+	}
+	return samples
+}
+
 // Tokens is the encoder token count for n samples at 16 kHz, known before decoding the whole
 // file: Whisper 1500 per 30 s window; Qwen2-Audio per window L = frames with audio (the
 // feature extractor's attention mask), then ((L - 1) / 2 + 1 - 2) / 2 + 1 (its conv stride 2 and
-// average pool 2): 750 for a full window.
+// average pool 2): 750 for a full window, and one window (truncated at 30 s).
 func (p Preset) Tokens(n int) int {
 	if n <= 0 {
 		return 0
+	}
+	if p.Truncate {
+		n = min(n, WindowSamples)
 	}
 	w := p.Windows(n)
 	if !p.Qwen2Audio {
@@ -153,6 +174,16 @@ func (p Preset) Tokens(n int) int {
 		tokens += max(0, floorDiv(floorDiv(l-1, 2)+1-2, 2)+1)
 	}
 	return tokens
+}
+
+// CheckTokens refuses audio of n samples that gives no token: Qwen2-Audio's count is 0 for
+// 20 ms or less, which vLLM refuses ("too short to be represented inside the model").
+func (p Preset) CheckTokens(n int) (int, error) {
+	t := p.Tokens(n)
+	if t < 1 {
+		return 0, errorf(ErrTooShort, "log-mel", "", "%s: %d samples (%.3f s) give no token", p.Name, n, float64(n)/SampleRate)
+	}
+	return t, nil
 }
 
 // InputFeatures is the features as the encoder's input, Hugging Face's input_features:

@@ -73,6 +73,10 @@ func (p Preset) PatchLayout(chw []byte, t, h, w, es int) ([]byte, [3]int) {
 	return out, [3]int{gt, gh, gw}
 }
 
+// TileGrid is InternVL's tile grid for a w x h picture: columns and rows (the preset must be
+// InternVL and valid).
+func (p Preset) TileGrid(w, h int) (cols, rows int) { return p.tileGrid(w, h) }
+
 // tileGrid is InternVL's find_closest_aspect_ratio: among (cols, rows) with MinTiles <=
 // cols*rows <= MaxTiles, ordered by tile count, the aspect ratio closest to w/h; on a tie, the
 // later (larger) grid when the picture's area exceeds half the grid's area.

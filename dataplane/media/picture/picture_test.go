@@ -450,3 +450,61 @@ func FuzzOrientation(f *testing.F) {
 		}
 	})
 }
+
+// LLaVA-NeXT's base picture and tiles against transformers' PIL processor's (gen_refs.py
+// section 6), and Apply's tensor is exactly those, normalised.
+func TestLlavaNextTilesMatchPillow(t *testing.T) {
+	r := refs(t)
+	photo, _ := decodeFile(t, fixtures.Path(t, "image_200x150.png"), Options{})
+	p := LlavaNext336
+	p.CropFloor = true
+	for _, s := range [][2]int{{200, 150}, {1000, 300}, {83, 900}, {336, 336}, {700, 1400}, {1, 1}, {55, 88}} {
+		var want []string
+		require.NoError(t, json.Unmarshal(r[fmt.Sprintf("llava-next/%dx%d", s[0], s[1])], &want))
+		img := resized(t, photo, s[0], s[1])
+		pics, g, err := p.AnyresRGB(img)
+		require.NoError(t, err)
+		require.Len(t, pics, len(want), "%v: %+v", s, g)
+		for i, pic := range pics {
+			require.Equal(t, want[i], sum(pic), "%v picture %d (%+v)", s, i, g)
+		}
+		out, err := p.Apply(img, native.F32)
+		require.NoError(t, err)
+		require.Equal(t, []int{len(want), 3, 336, 336}, out.PixelValues.Shape)
+		require.Equal(t, [2]int{s[1], s[0]}, out.ImageSize)
+		require.Equal(t, g.Tokens, out.Tokens)
+		one := make([]byte, 3*336*336*4)
+		for i, pic := range pics {
+			require.NoError(t, native.Normalize(one, native.F32, pic, 336, 336, CLIPMean, CLIPStd, 255))
+			require.Equal(t, one, out.PixelValues.Data[i*len(one):(i+1)*len(one)], "%v picture %d", s, i)
+		}
+	}
+}
+
+// The CLIP crop offsets: torchvision's rounding for the built-in presets, transformers' floor
+// for a processor config's. They differ when the margin is odd: 339 - 336 = 3, round(1.5) = 2
+// and 3 // 2 = 1 (a 339 x 336 picture is not resized: its short side already is 336).
+func TestCLIPCropConvention(t *testing.T) {
+	img := &Image{W: 339, H: 336, Pix: make([]byte, 3*339*336)}
+	for i := range img.Pix {
+		img.Pix[i] = byte(i * 7)
+	}
+	at := func(x int) []byte {
+		win := make([]byte, 3*336*336)
+		for y := range 336 {
+			copy(win[3*y*336:3*(y+1)*336], img.Pix[3*(y*339+x):])
+		}
+		out := make([]byte, 3*336*336*4)
+		require.NoError(t, native.Normalize(out, native.F32, win, 336, 336, CLIPMean, CLIPStd, 255))
+		return out
+	}
+	crop := func(p Preset) []byte {
+		out, err := p.Apply(img, native.F32)
+		require.NoError(t, err)
+		return out.PixelValues.Data
+	}
+	hf := CLIP336
+	hf.CropFloor = true
+	require.Equal(t, at(2), crop(CLIP336))
+	require.Equal(t, at(1), crop(hf))
+}

@@ -24,6 +24,10 @@ const (
 	// Size x Size, plus a Size x Size thumbnail of the whole picture when there is more than one
 	// tile (InternVL's dynamic_preprocess).
 	InternVL
+	// LlavaNext: LLaVA-NeXT's "anyres": the grid resolution (Pinpoints) that keeps most of the
+	// picture, the picture resized into it and padded, cut into CropSize tiles, after a base
+	// picture squashed to Size x Size (Hugging Face's LlavaNextImageProcessor).
+	LlavaNext
 )
 
 func (f Family) String() string {
@@ -36,6 +40,8 @@ func (f Family) String() string {
 		return "qwen2-vl"
 	case InternVL:
 		return "internvl"
+	case LlavaNext:
+		return "llava-next"
 	}
 	return fmt.Sprintf("family(%d)", uint8(f))
 }
@@ -68,6 +74,39 @@ type Preset struct {
 	MinTiles, MaxTiles int  // InternVL
 	Thumbnail          bool // InternVL: add a thumbnail when there are several tiles
 	TokensPerTile      int  // InternVL: 256 (1024 patches, pixel shuffle 0.5)
+
+	// Set from a checkpoint's processor config (hfproc); the zero values are the built-in
+	// presets' conventions.
+
+	// CropSize is CLIP's centre crop and LLaVA-NeXT's tile side (0: Size).
+	CropSize int
+	// CropFloor places CLIP's crop at floor((resized - crop) / 2), as transformers'
+	// center_crop does; false rounds half to even, as torchvision's CenterCrop.
+	CropFloor bool
+	// Divisor is what a pixel is divided by before mean and std (0: 255; 1 when the processor
+	// does not rescale).
+	Divisor float32
+	// ExtraTokens are tokens beyond the patch grid a CLIP, SigLIP or LLaVA-NeXT picture gives
+	// (the CLS token when the LLaVA processor's vision_feature_select_strategy is "full").
+	ExtraTokens int
+	// Pinpoints are LLaVA-NeXT's image_grid_pinpoints, (height, width), multiples of CropSize.
+	Pinpoints [][2]int
+}
+
+// crop is the CLIP crop and LLaVA-NeXT tile side.
+func (p Preset) crop() int {
+	if p.CropSize > 0 {
+		return p.CropSize
+	}
+	return p.Size
+}
+
+// divisor is the rescale's divisor.
+func (p Preset) divisor() float32 {
+	if p.Divisor > 0 {
+		return p.Divisor
+	}
+	return 255
 }
 
 // The built-in presets.
@@ -82,10 +121,16 @@ var (
 	// InternVL 2 / 2.5: 448 tiles, 1 to 12, with a thumbnail.
 	InternVL448 = Preset{Name: "internvl", Family: InternVL, Size: 448, Patch: 14, Filter: native.Bicubic, Mean: ImageNetMean,
 		Std: ImageNetStd, MinTiles: 1, MaxTiles: 12, Thumbnail: true, TokensPerTile: 256}
+	// LLaVA-NeXT (v1.6) on CLIP-L/14 at 336: transformers' LlavaNextImageProcessor defaults
+	// for llava-hf's checkpoints, the "default" feature selection (no CLS token).
+	LlavaNext336 = Preset{Name: "llava-next", Family: LlavaNext, Size: 336, Patch: 14, Filter: native.Bicubic, Mean: CLIPMean,
+		Std: CLIPStd, Pinpoints: [][2]int{{336, 672}, {672, 336}, {672, 672}, {1008, 336}, {336, 1008}}}
 )
 
 // Presets lists the built-in presets.
-func Presets() []Preset { return []Preset{CLIP224, CLIP336, SigLIP384, Qwen2VLImage, InternVL448} }
+func Presets() []Preset {
+	return []Preset{CLIP224, CLIP336, SigLIP384, Qwen2VLImage, InternVL448, LlavaNext336}
+}
 
 // check refuses presets whose parameters cannot work.
 func (p Preset) check() error {
@@ -100,13 +145,22 @@ func (p Preset) check() error {
 	if p.Patch < 1 {
 		return bad("patch %d", p.Patch)
 	}
+	if p.Divisor < 0 || p.ExtraTokens < 0 || p.CropSize < 0 {
+		return bad("divisor %g, extra tokens %d, crop %d", p.Divisor, p.ExtraTokens, p.CropSize)
+	}
 	switch p.Family {
-	case CLIP, SigLIP, InternVL:
+	case CLIP, SigLIP, InternVL, LlavaNext:
 		if p.Size < p.Patch || p.Size > native.MaxImageSide {
 			return bad("size %d", p.Size)
 		}
+		if c := p.crop(); c < p.Patch || c > p.Size {
+			return bad("crop %d of a %d resize", c, p.Size)
+		}
 		if p.Family == InternVL && (p.MinTiles < 1 || p.MaxTiles < p.MinTiles || p.MaxTiles > 64 || p.TokensPerTile < 1) {
 			return bad("tiles %d..%d, %d tokens a tile", p.MinTiles, p.MaxTiles, p.TokensPerTile)
+		}
+		if p.Family == LlavaNext {
+			return p.checkPinpoints()
 		}
 	case Qwen2VL:
 		if p.MergeSize < 1 || p.TemporalPatch < 1 || p.MinPixels < 1 || p.MaxPixels < p.MinPixels {
@@ -119,9 +173,10 @@ func (p Preset) check() error {
 }
 
 // Tokens is the number of encoder tokens (LLM placeholder positions) a picture of w x h
-// (upright) produces, known before decoding: CLIP (Size/Patch)^2 (LLaVA drops the CLS token:
-// 576 at 336/14), SigLIP floor(Size/Patch)^2 (729 at 384/14), Qwen2-VL (H'/28)(W'/28) after
-// smart_resize, InternVL TokensPerTile per tile and thumbnail.
+// (upright) produces, known before decoding: CLIP (crop/Patch)^2 (LLaVA drops the CLS token:
+// 576 at 336/14), SigLIP floor(Size/Patch)^2 (729 at 384/14), both + ExtraTokens; Qwen2-VL
+// (H'/28)(W'/28) after smart_resize; InternVL TokensPerTile per tile and thumbnail; LLaVA-NeXT
+// the unpadded grid, a newline a row and the base picture (Anyres).
 func (p Preset) Tokens(w, h int) (int, error) {
 	if err := p.check(); err != nil {
 		return 0, err
@@ -131,8 +186,10 @@ func (p Preset) Tokens(w, h int) (int, error) {
 	}
 	switch p.Family {
 	case CLIP, SigLIP:
-		n := p.Size / p.Patch
-		return n * n, nil
+		n := p.crop() / p.Patch
+		return n*n + p.ExtraTokens, nil
+	case LlavaNext:
+		return p.Anyres(w, h).Tokens, nil
 	case Qwen2VL:
 		rh, rw, err := p.SmartResize(h, w)
 		if err != nil {
@@ -157,13 +214,17 @@ type Output struct {
 	PixelValues native.Tensor // pixel_values
 	// Grid is Qwen2-VL's (t, h, w) patch grid of PixelValues, its processor's image_grid_thw;
 	// zero for the other families.
-	Grid   [3]int
-	Tokens int
+	Grid [3]int
+	// ImageSize is LLaVA-NeXT's image_sizes entry, the picture's (height, width); zero for the
+	// other families.
+	ImageSize [2]int
+	Tokens    int
 }
 
 // Apply preprocesses an upright RGB picture into the family's pixel values, elements of dtype:
 //   - CLIP, SigLIP: [1, 3, S, S];
 //   - InternVL: [tiles (+ thumbnail), 3, S, S];
+//   - LlavaNext: [1 + tiles, 3, C, C], the base picture first, and the image size;
 //   - Qwen2VL: [gh*gw, 3*T*P*P] in its patch order, and the grid (1, gh, gw).
 func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
 	if err := p.check(); err != nil {
@@ -183,12 +244,16 @@ func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
 	switch p.Family {
 	case CLIP:
 		rw, rh := ShortestSide(img.W, img.H, p.Size)
-		crop := native.Rect{X: roundHalfEven(float64(rw-p.Size) / 2), Y: roundHalfEven(float64(rh-p.Size) / 2), W: p.Size, H: p.Size}
+		c := p.crop()
+		crop := native.Rect{X: roundHalfEven(float64(rw-c) / 2), Y: roundHalfEven(float64(rh-c) / 2), W: c, H: c}
+		if p.CropFloor {
+			crop.X, crop.Y = (rw-c)/2, (rh-c)/2
+		}
 		data, err := p.resizeNormalize(img, rw, rh, crop, dtype, nil)
 		if err != nil {
 			return nil, err
 		}
-		out.PixelValues = tensor(dtype, data, 1, 3, p.Size, p.Size)
+		out.PixelValues = tensor(dtype, data, 1, 3, c, c)
 	case SigLIP:
 		data, err := p.resizeNormalize(img, p.Size, p.Size, native.Rect{W: p.Size, H: p.Size}, dtype, nil)
 		if err != nil {
@@ -201,6 +266,14 @@ func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
 			return nil, err
 		}
 		out.PixelValues = tensor(dtype, data, n, 3, p.Size, p.Size)
+	case LlavaNext:
+		data, n, err := p.anyresTiles(img, dtype)
+		if err != nil {
+			return nil, err
+		}
+		c := p.crop()
+		out.PixelValues = tensor(dtype, data, n, 3, c, c)
+		out.ImageSize = [2]int{img.H, img.W}
 	case Qwen2VL:
 		rh, rw, err := p.SmartResize(img.H, img.W)
 		if err != nil {
@@ -242,7 +315,7 @@ func (p Preset) resizeNormalize(img *Image, w, h int, crop native.Rect, dtype na
 	if dst == nil {
 		dst = make([]byte, 3*crop.W*crop.H*dtype.Size())
 	}
-	if err := native.Normalize(dst, dtype, rgb, crop.W, crop.H, p.Mean, p.Std, 255); err != nil {
+	if err := native.Normalize(dst, dtype, rgb, crop.W, crop.H, p.Mean, p.Std, p.divisor()); err != nil {
 		return nil, errorf(ErrPreset, "preprocess", "", "normalize: %v", err)
 	}
 	return dst, nil

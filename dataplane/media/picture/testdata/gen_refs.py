@@ -9,7 +9,7 @@ Every expected value is Pillow's own output (decode, convert("RGB"), ImageOps.ex
 Image.resize, Image.crop), hashed with sha256 over the packed RGB bytes; nothing here
 re-implements what the tests check, except InternVL's dynamic_preprocess grid choice, copied in
 spirit from InternVL's README (tile order and sizes are then Pillow's)."""
-import hashlib, io, json, os, struct, warnings, zlib
+import hashlib, io, json, math, os, struct, warnings, zlib
 import numpy as np
 from PIL import Image, ImageOps
 
@@ -111,6 +111,35 @@ def dynamic(img, lo=1, hi=12, s=448, thumb=True):
 for size in [(200, 150), (1000, 300), (300, 1000), (448, 448), (2000, 2000), (50, 900)]:
     grid, tiles = dynamic(photo.resize(size, Image.BICUBIC))
     refs[f"internvl/{size[0]}x{size[1]}"] = {"grid": list(grid), "tiles": [h(t) for t in tiles]}
+
+# 6. LLaVA-NeXT's anyres pictures, as transformers' LlavaNextImageProcessor (PIL backend,
+# image_processing_pil_llava_next.py at f5956fde, and image_processing_utils.py's
+# select_best_resolution / get_patch_output_size) makes them before normalising: the base
+# picture squashed to 336 x 336, then the picture resized into the best grid resolution, padded
+# with zeros (offsets divmod(difference, 2)), cut into 336-px tiles row by row.
+def best_resolution(h, w, pins):
+    best, max_eff, min_waste = None, 0, float("inf")
+    for ph, pw in pins:
+        scale = min(pw / w, ph / h)
+        eff = min(int(w * scale) * int(h * scale), w * h)
+        waste = ph * pw - eff
+        if eff > max_eff or (eff == max_eff and waste < min_waste):
+            best, max_eff, min_waste = (ph, pw), eff, waste
+    return best
+def anyres(img, pins=((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)), tile=336):
+    w, hh = img.size
+    bh, bw = best_resolution(hh, w, pins)
+    sw, sh = bw / w, bh / hh
+    if sw < sh:
+        nh, nw = min(math.ceil(hh * sw), bh), bw
+    else:
+        nh, nw = bh, min(math.ceil(w * sh), bw)
+    canvas = Image.new("RGB", (bw, bh))
+    canvas.paste(img.resize((nw, nh), Image.BICUBIC), ((bw - nw) // 2, (bh - nh) // 2))
+    tiles = [canvas.crop((x, y, x + tile, y + tile)) for y in range(0, bh, tile) for x in range(0, bw, tile)]
+    return [img.resize((tile, tile), Image.BICUBIC)] + tiles
+for size in [(200, 150), (1000, 300), (83, 900), (336, 336), (700, 1400), (1, 1), (55, 88)]:
+    refs[f"llava-next/{size[0]}x{size[1]}"] = [h(t) for t in anyres(photo.resize(size, Image.BICUBIC))]
 
 with open(os.path.join(HERE, "refs.json"), "w") as f:
     json.dump(refs, f, indent=1, sort_keys=True)
