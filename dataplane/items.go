@@ -168,13 +168,18 @@ func (s *Service) prepareWith(ctx context.Context, m *openai.Media, src *source,
 	if err != nil {
 		return nil, itemError(m, err)
 	}
-	// The encoder inputs live until the request ends (the encoders read them): admitted now,
-	// once made, since only the preprocessing knows their size (small beside the decode's).
-	if err := acct.Reserve(ctx, int64(len(res.Input.Data)), "encoder inputs"); err != nil {
-		return nil, itemError(m, err)
-	}
-	if err := it.split(res); err != nil {
-		return nil, itemError(m, err)
+	if s.models.CountOnly {
+		it.tokens = res.Tokens // the engine encodes it (--handoff tokens): the count is all
+	} else {
+		// The encoder inputs live until the request ends (the encoders read them): admitted
+		// now, once made, since only the preprocessing knows their size (small beside the
+		// decode's).
+		if err := acct.Reserve(ctx, int64(len(res.Input.Data)), "encoder inputs"); err != nil {
+			return nil, itemError(m, err)
+		}
+		if err := it.split(res); err != nil {
+			return nil, itemError(m, err)
+		}
 	}
 	it.detail = res.Detail
 	content := res.Key.Hex()

@@ -30,6 +30,10 @@ type ModelOptions struct {
 	// audio preset: AudioModel's); "none": the built-in presets only.
 	Processor    string
 	TokenizerDir string // the tokenizer's directory (set from the tokenizer options)
+	// CountOnly: media are not encoded here (the engine encodes them: --handoff tokens), so the
+	// processor files may describe any family (Qwen2-VL, LLaVA-NeXT, InternVL, Qwen2-Audio, ...):
+	// their presets count the tokens, and the encoders need not take their inputs.
+	CountOnly bool
 	// Embeddings is a safetensors file holding the LLM's input embedding table ([vocab,
 	// hidden]), named EmbeddingTensor or found by its usual names; "": a random table of
 	// DemoVocab × the encoders' width.
@@ -57,6 +61,8 @@ type Models struct {
 	Audio  *encoder.Model // nil: no audio input
 	// VisionPreset and AudioPreset turn media into the encoders' inputs.
 	VisionPreset, AudioPreset media.Preset
+	// CountOnly: media are counted here, not encoded (ModelOptions.CountOnly).
+	CountOnly bool
 	// VisionProcessor and AudioProcessor are the processor files the presets were read from
 	// (nil: built in), for the start-up log.
 	VisionProcessor, AudioProcessor *hfproc.Settings
@@ -74,7 +80,7 @@ var ErrModels = errors.New("models do not fit together")
 // every encoder's output width must be the table's width, and each preset must produce the
 // input its encoder takes.
 func LoadModels(o ModelOptions) (*Models, error) {
-	m := &Models{Name: o.Name, DType: o.DType}
+	m := &Models{Name: o.Name, DType: o.DType, CountOnly: o.CountOnly}
 	if m.DType.Size() == 0 {
 		m.DType = native.BF16
 	}
@@ -210,6 +216,13 @@ func (m *Models) choosePresets(o ModelOptions) error {
 	if p.Source != "" {
 		name = fmt.Sprintf("the processor files in %s (%s)", p.Source, p.Picture.Family)
 	}
+	if o.CountOnly && p.Source != "" { // counted here, encoded by the engine
+		m.VisionPreset = p
+		if m.Audio == nil {
+			return nil
+		}
+		return m.chooseAudioPreset(o)
+	}
 	if p.Picture == nil || (p.Picture.Family != picture.CLIP && p.Picture.Family != picture.SigLIP) {
 		return fmt.Errorf("%w: %s: not a CLIP or SigLIP picture preset (the CPU encoders run ViTs of fixed size; an engine fed this way would count other tokens than this server)", ErrModels, name)
 	}
@@ -281,6 +294,10 @@ func (m *Models) chooseAudioPreset(o ModelOptions) error {
 		if p, err = media.Lookup(name); err != nil {
 			return fmt.Errorf("--audio-preset: %w", err)
 		}
+	}
+	if o.CountOnly && p.Source != "" && p.Audio != nil { // counted here, encoded by the engine
+		m.AudioPreset = p
+		return nil
 	}
 	if p.Audio == nil || p.Audio.Mels != ac.NMels || p.Audio.Qwen2Audio {
 		return fmt.Errorf("%w: preset %s (%s) does not make the %d-bin Whisper input the audio encoder takes", ErrModels, p.Name, p.Summary(), ac.NMels)

@@ -174,6 +174,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		opts.Models.DemoVocab = s.tok.VocabSize()
 	}
 	opts.Models.TokenizerDir = opts.Tokenizer.Dir // its processor files, when it has some
+	opts.Models.CountOnly = opts.Handoff == worker.HandoffTokens.String()
 	if s.models, err = LoadModels(opts.Models); err != nil {
 		return nil, err
 	}

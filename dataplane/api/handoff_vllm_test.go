@@ -2,9 +2,13 @@ package api
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"image"
+	"image/png"
 	"io"
 	"log/slog"
 	"net/http"
@@ -394,4 +398,45 @@ func TestTokensHandoff(t *testing.T) {
 	msg, param = apiError(t, out)
 	require.Equal(t, "messages[0].content[0]", param)
 	require.Contains(t, msg, "pictures")
+}
+
+// --handoff tokens with a checkpoint's processor files the CPU encoders cannot run (Qwen2-VL):
+// the daemon only counts, so it starts, and counts each picture as vLLM will (1920x1080: 2,691
+// tokens by the released preprocessor_config.json, where the class defaults gave 1,222; the
+// value from media/hfproc/testdata/tokens.json, written from transformers' smart_resize).
+func TestTokensHandoffCountsWithTheCheckpoint(t *testing.T) {
+	_, url := startVLLMEngine(t, "")
+	opts := dataplane.DefaultServiceOptions()
+	opts.Features.Host.Capacity = 64 << 20
+	opts.Log = slog.New(slog.DiscardHandler)
+	opts.Handoff = "tokens"
+	opts.Models.Processor = filepath.Join("..", "media", "hfproc", "testdata", "configs", "qwen2-vl-7b-instruct")
+	svc, err := dataplane.NewService(opts)
+	require.NoError(t, err)
+	w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: "worker 0", Handoff: mustHandoff(t, "tokens")})
+	require.NoError(t, err)
+	_, err = svc.AddWorker(w)
+	require.NoError(t, err)
+	d := &testDaemon{svc: svc, base: serveService(t, svc, DefaultOptions())}
+	require.Equal(t, "qwen2-vl", svc.Models().VisionPreset.Picture.Family.String())
+
+	picture := func(w, h int) string {
+		var b bytes.Buffer
+		require.NoError(t, png.Encode(&b, image.NewGray(image.Rect(0, 0, w, h))))
+		return "data:image/png;base64," + base64.StdEncoding.EncodeToString(b.Bytes())
+	}
+	count := func(w, h int) int {
+		code, out := d.post(t, "/v1/chat/completions", handoffChat(picture(w, h), "What is it?", ""))
+		require.Equal(t, 200, code, "%v", out)
+		return promptTokens(t, out)
+	}
+	small, hd := count(28, 28), count(1920, 1080)
+	require.Equal(t, 2691-4, hd-small, "1920x1080 is 2,691 tokens, 28x28 is 4")
+	require.Zero(t, svc.FeatureStats().Misses, "nothing encoded")
+
+	// Without the tokens hand-off the same files stop the start: the CPU encoders would count
+	// other tokens than the engine.
+	opts.Handoff = ""
+	_, err = dataplane.NewService(opts)
+	require.ErrorIs(t, err, dataplane.ErrModels)
 }
