@@ -8,6 +8,7 @@ import (
 	"dataplane/dataplane/encoderpool"
 	"dataplane/dataplane/memory"
 	"dataplane/dataplane/sequence"
+	"dataplane/transfer"
 )
 
 // serviceMetrics are the request path's own metrics; the feature store and the router export
@@ -116,5 +117,42 @@ func (c *memoryCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(s.Peak), "peak")
 	for _, r := range []memory.Reason{memory.TooLarge, memory.Full, memory.QueueFull} {
 		ch <- prometheus.MustNewConstMetric(c.refusals, prometheus.CounterValue, float64(s.Refused[r]), r.String())
+	}
+}
+
+// ecCollector exports the EC directory's use (--handoff ec): bytes and files held, and what
+// Put did.
+type ecCollector struct {
+	dir          *transfer.ECDir
+	bytes, files *prometheus.Desc
+	puts         *prometheus.Desc
+}
+
+func newECCollector(d *transfer.ECDir) *ecCollector {
+	return &ecCollector{dir: d,
+		bytes: prometheus.NewDesc("dataplane_ec_dir_bytes",
+			"The EC directory (--handoff ec): capacity (--ec-bytes) and bytes of the files it holds now.", []string{"use"}, nil),
+		files: prometheus.NewDesc("dataplane_ec_dir_files", "Item files in the EC directory now.", nil, nil),
+		puts: prometheus.NewDesc("dataplane_ec_dir_items_total",
+			"Items handed to the EC directory, by outcome: written, reused (the file was there), refused (past --ec-bytes: the engine encodes it), failed; and removed (their features forgotten).", []string{"outcome"}, nil),
+	}
+}
+
+func (c *ecCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.bytes
+	ch <- c.files
+	ch <- c.puts
+}
+
+func (c *ecCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.dir.Stats()
+	ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(c.dir.Cap()), "capacity")
+	ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(st.Bytes), "used")
+	ch <- prometheus.MustNewConstMetric(c.files, prometheus.GaugeValue, float64(st.Files))
+	for _, o := range []struct {
+		name string
+		n    int64
+	}{{"written", st.Writes}, {"reused", st.Reused}, {"refused", st.Refused}, {"failed", st.Failed}, {"removed", st.Removed}} {
+		ch <- prometheus.MustNewConstMetric(c.puts, prometheus.CounterValue, float64(o.n), o.name)
 	}
 }

@@ -271,8 +271,12 @@ func (s *Service) Tokenizer() *Tok { return s.tok }
 // and the memory budget among them), the feature store's and the router's (its KV events' counters
 // included).
 func (s *Service) Collectors() []prometheus.Collector {
-	return append(s.metrics.collectors(), s.health.probes, s.store.Collector(), router.NewCollector(s.router),
+	cs := append(s.metrics.collectors(), s.health.probes, s.store.Collector(), router.NewCollector(s.router),
 		kvevents.NewCollector(s.feed), newMemoryCollector(s.memPlan, s.memory))
+	if s.handoff.ec != nil {
+		cs = append(cs, newECCollector(s.handoff.ec))
+	}
+	return cs
 }
 
 // Why Ready refuses (allocated once: a probe allocates nothing).

@@ -88,6 +88,9 @@ func OpenECDir(dir string, capBytes int64) (*ECDir, error) {
 // Path is the directory.
 func (d *ECDir) Path() string { return d.dir }
 
+// Cap is the most bytes of files the directory holds.
+func (d *ECDir) Cap() int64 { return d.cap }
+
 // Put makes sure the file for name holds m: it writes it unless it is there (or being written
 // by another Put, which it waits for). It reports false, without an error, when the file
 // would take the directory past its capacity. name must be an ECName.

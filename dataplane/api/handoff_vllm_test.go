@@ -363,6 +363,12 @@ func TestECHandoffMatchesVLLMEvents(t *testing.T) {
 	eng.mu.Unlock()
 	st := d.svc.ECDir().Stats()
 	require.Equal(t, 1, st.Files, "%+v", st)
+	_, metrics := get(t, d.base+"/metrics")
+	require.Contains(t, metrics, "dataplane_ec_dir_files 1\n")
+	require.Contains(t, metrics, fmt.Sprintf("dataplane_ec_dir_bytes{use=\"used\"} %d\n", st.Bytes))
+	require.Contains(t, metrics, fmt.Sprintf("dataplane_ec_dir_items_total{outcome=\"removed\"} %d\n", st.Removed))
+	require.Contains(t, metrics, fmt.Sprintf("dataplane_ec_dir_items_total{outcome=\"written\"} %d\n", st.Writes))
+	require.GreaterOrEqual(t, st.Writes, int64(2))
 }
 
 // --handoff tokens: the engine encodes the media itself, so the daemon encodes nothing; it
