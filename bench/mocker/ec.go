@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -51,18 +50,11 @@ func ReadECItem(dir, identifier string) (int, error) {
 
 // chat serves /v1/chat/completions for an EC consumer.
 func (s *Server) chat(w http.ResponseWriter, r *http.Request, engine int) {
-	select {
-	case s.inFlight <- struct{}{}:
-		defer func() { <-s.inFlight }()
-	default:
-		writeError(w, &api.Error{Status: 429, Type: "rate_limit_error", Message: fmt.Sprintf("%d requests in flight", cap(s.inFlight)), RetryAfter: time.Second})
+	body, release, ok := s.admit(w, r)
+	if !ok {
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
-	if err != nil {
-		writeError(w, &api.Error{Status: 413, Type: "invalid_request_error", Message: fmt.Sprintf("body over %d bytes", s.opts.MaxBodyBytes)})
-		return
-	}
+	defer release()
 	req, err := openai.ParseChat(body, openai.DefaultLimits())
 	if err != nil {
 		writeError(w, err)

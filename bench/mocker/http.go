@@ -181,19 +181,31 @@ type completionChunk struct {
 	Usage   *usage                    `json:"usage,omitempty"`
 }
 
-func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
+// admit takes an in-flight slot (429 when none is free) and reads the body (413 past
+// MaxBodyBytes); ok false: the answer is written. release gives the slot back.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request) (body []byte, release func(), ok bool) {
 	select {
 	case s.inFlight <- struct{}{}:
-		defer func() { <-s.inFlight }()
 	default:
 		writeError(w, &api.Error{Status: 429, Type: "rate_limit_error", Message: fmt.Sprintf("%d requests in flight", cap(s.inFlight)), RetryAfter: time.Second})
-		return
+		return nil, nil, false
 	}
+	release = func() { <-s.inFlight }
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
 	if err != nil {
+		release()
 		writeError(w, &api.Error{Status: 413, Type: "invalid_request_error", Message: fmt.Sprintf("body over %d bytes", s.opts.MaxBodyBytes)})
+		return nil, nil, false
+	}
+	return body, release, true
+}
+
+func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
+	body, release, ok := s.admit(w, r)
+	if !ok {
 		return
 	}
+	defer release()
 	req, err := openai.ParseCompletion(body, openai.DefaultLimits())
 	if err == nil && req.Echo {
 		err = api.BadRequest("echo", "the mock engines do not echo the prompt")
