@@ -156,6 +156,7 @@ func (s *Service) prepareWith(ctx context.Context, m *openai.Media, src *source,
 		return it, nil
 	}
 	mo.Admit = admitter(ctx, acct)
+	mo.CountOnly = s.models.CountOnly // the engine encodes (--handoff tokens): count and key only
 	var res *media.Result
 	switch mod {
 	case sequence.Image:

@@ -152,6 +152,10 @@ type Options struct {
 	// Convention overrides an audio preset's log-mel windowing when set.
 	Convention *audio.Convention
 	Threads    int // log-mel threads (0: native.DefaultThreads())
+	// CountOnly: Image and Audio give the token count and the key only (Result.Input empty):
+	// the media are decoded (the key is of the decoded pixels or samples) but not resized,
+	// normalised or turned into log-mel features; for a caller that does not encode them.
+	CountOnly bool
 
 	// Admit, when set, admits decoded-media memory against the caller's budget before it is
 	// allocated (nil: no accounting). Each decode calls it once, after the header checks and
@@ -191,6 +195,13 @@ func Image(data []byte, p Preset, opts Options) (*Result, error) {
 	img, info, err := picture.Decode(data, opts.Picture)
 	if err != nil {
 		return nil, err
+	}
+	if opts.CountOnly {
+		tokens, err := p.Picture.Tokens(img.W, img.H) // upright, as Apply sees it
+		if err != nil {
+			return nil, err
+		}
+		return &Result{Tokens: tokens, Key: ImageKey(img), Detail: info.String()}, nil
 	}
 	out, err := p.Picture.Apply(img, opts.DType)
 	if err != nil {
@@ -232,6 +243,9 @@ func Audio(ctx context.Context, data []byte, p Preset, opts Options) (*Result, e
 	tokens, err := a.CheckTokens(len(clip.Samples))
 	if err != nil {
 		return nil, err
+	}
+	if opts.CountOnly {
+		return &Result{Tokens: tokens, Key: AudioKey(clip.Samples, clip.Rate), Detail: clip.String()}, nil
 	}
 	f, err := a.LogMel(clip.Samples, opts.Threads)
 	if err != nil {

@@ -213,3 +213,34 @@ func FuzzParseDataURL(f *testing.F) {
 		require.NotEmpty(t, d.MediaType)
 	})
 }
+
+// CountOnly gives what the full pipeline gives for tokens and key, with no input tensor: for
+// every image preset (an EXIF-rotated JPEG among the pictures, so the upright size counts) and
+// the audio ones.
+func TestCountOnlyAgreesWithTheFullPipeline(t *testing.T) {
+	orient6, err := os.ReadFile(filepath.Join("picture", "testdata", "orient6.jpg")) // rotated 90°
+	require.NoError(t, err)
+	pictures := map[string][]byte{"png": read(t, "image_200x150.png"), "jpg": read(t, "image_200x150.jpg"), "orient6": orient6}
+	for _, p := range Presets() {
+		switch {
+		case p.Picture != nil:
+			for name, data := range pictures {
+				full, err := Image(data, p, Options{})
+				require.NoError(t, err, "%s %s", p.Name, name)
+				count, err := Image(data, p, Options{CountOnly: true})
+				require.NoError(t, err)
+				require.Equal(t, full.Tokens, count.Tokens, "%s %s", p.Name, name)
+				require.Equal(t, full.Key, count.Key, "%s %s", p.Name, name)
+				require.Empty(t, count.Input.Data)
+			}
+		case p.Audio != nil:
+			full, err := Audio(context.Background(), read(t, "audio_7s3.wav"), p, Options{})
+			require.NoError(t, err, p.Name)
+			count, err := Audio(context.Background(), read(t, "audio_7s3.wav"), p, Options{CountOnly: true})
+			require.NoError(t, err)
+			require.Equal(t, full.Tokens, count.Tokens, p.Name)
+			require.Equal(t, full.Key, count.Key, p.Name)
+			require.Empty(t, count.Input.Data)
+		}
+	}
+}
