@@ -216,13 +216,22 @@ func (m *Models) choosePresets(o ModelOptions) error {
 	if p.Source != "" {
 		name = fmt.Sprintf("the processor files in %s (%s)", p.Source, p.Picture.Family)
 	}
-	if o.CountOnly && p.Source != "" { // counted here, encoded by the engine
-		m.VisionPreset = p
-		if m.Audio == nil {
-			return nil
+	if !o.CountOnly || p.Source == "" { // with CountOnly, files' presets are counted here and encoded by the engine
+		if err := m.checkVisionPreset(p, name); err != nil {
+			return err
 		}
-		return m.chooseAudioPreset(o)
 	}
+	m.VisionPreset = p
+	if m.Audio == nil {
+		return nil
+	}
+	return m.chooseAudioPreset(o)
+}
+
+// checkVisionPreset refuses a picture preset whose inputs or token counts are not the vision
+// encoder's (name says where the preset came from).
+func (m *Models) checkVisionPreset(p media.Preset, name string) error {
+	vc := m.Vision.Spec.Config
 	if p.Picture == nil || (p.Picture.Family != picture.CLIP && p.Picture.Family != picture.SigLIP) {
 		return fmt.Errorf("%w: %s: not a CLIP or SigLIP picture preset (the CPU encoders run ViTs of fixed size; an engine fed this way would count other tokens than this server)", ErrModels, name)
 	}
@@ -240,11 +249,7 @@ func (m *Models) choosePresets(o ModelOptions) error {
 		return fmt.Errorf("%w: %s counts %d tokens an image (%v), the vision encoder's selection (%v) gives %d",
 			ErrModels, name, want, err, m.Vision.Select(), tokens)
 	}
-	m.VisionPreset = p
-	if m.Audio == nil {
-		return nil
-	}
-	return m.chooseAudioPreset(o)
+	return nil
 }
 
 // chooseAudioPreset picks the audio preset: from the first of --processor, the audio model's
