@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -76,8 +77,26 @@ func publishLikeVLLM(t *testing.T, spec map[string]any) (string, int) {
 			<-done
 		}
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	require.NoError(t, err, "the publisher said nothing")
+	// Its first line says where it publishes; a publisher that never says (python stuck
+	// importing torch on a loaded machine) fails the test instead of hanging it.
+	type said struct {
+		line string
+		err  error
+	}
+	first := make(chan said, 1)
+	go func() {
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		first <- said{line, err}
+	}()
+	var line string
+	select {
+	case s := <-first:
+		require.NoError(t, s.err, "the publisher said nothing")
+		line = s.line
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill() //nolint:errcheck // the cleanup waits for it
+		t.Fatal("the publisher said nothing in 2 minutes")
+	}
 	var hello struct {
 		Pub    string `json:"pub"`
 		Blocks int    `json:"blocks"`
@@ -363,12 +382,18 @@ func TestECHandoffMatchesVLLMEvents(t *testing.T) {
 	eng.mu.Unlock()
 	st := d.svc.ECDir().Stats()
 	require.Equal(t, 1, st.Files, "%+v", st)
-	_, metrics := get(t, d.base+"/metrics")
-	require.Contains(t, metrics, "dataplane_ec_dir_files 1\n")
-	require.Contains(t, metrics, fmt.Sprintf("dataplane_ec_dir_bytes{use=\"used\"} %d\n", st.Bytes))
-	require.Contains(t, metrics, fmt.Sprintf("dataplane_ec_dir_items_total{outcome=\"removed\"} %d\n", st.Removed))
-	require.Contains(t, metrics, fmt.Sprintf("dataplane_ec_dir_items_total{outcome=\"written\"} %d\n", st.Writes))
 	require.GreaterOrEqual(t, st.Writes, int64(2))
+	// The metrics say what the directory's stats say (its janitor may still be counting a
+	// removal: read both until they are of the same moment).
+	require.Eventually(t, func() bool {
+		st := d.svc.ECDir().Stats()
+		_, metrics := get(t, d.base+"/metrics")
+		return st == d.svc.ECDir().Stats() &&
+			strings.Contains(metrics, fmt.Sprintf("dataplane_ec_dir_files %d\n", st.Files)) &&
+			strings.Contains(metrics, fmt.Sprintf("dataplane_ec_dir_bytes{use=\"used\"} %d\n", st.Bytes)) &&
+			strings.Contains(metrics, fmt.Sprintf("dataplane_ec_dir_items_total{outcome=\"removed\"} %d\n", st.Removed)) &&
+			strings.Contains(metrics, fmt.Sprintf("dataplane_ec_dir_items_total{outcome=\"written\"} %d\n", st.Writes))
+	}, 10*time.Second, 10*time.Millisecond, "the EC metrics disagree with the directory's stats")
 }
 
 // --handoff tokens: the engine encodes the media itself, so the daemon encodes nothing; it
