@@ -198,6 +198,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}()
 	err := s.http.ShutdownWithContext(sctx)
+	// fasthttp closes only the listeners its Serve has registered; a shutdown that came first
+	// would leave Serve accepting forever, so the listener is closed here too.
+	tracked.Close() //nolint:errcheck // closed already, as a rule
 	close(stopClosing)
 	<-closing
 	if err != nil {

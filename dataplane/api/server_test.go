@@ -140,3 +140,24 @@ func TestServerShutdownClosesUnusedConnections(t *testing.T) {
 	_, err = spare.Read(make([]byte, 1))
 	require.Error(t, err, "the unused connection was closed")
 }
+
+// A shutdown that comes before the HTTP server has taken its listener still ends Serve (it
+// used to wait forever in Accept: fasthttp's Shutdown closes only the listeners Serve has
+// registered by then, and a test's cleanup, or an early SIGTERM, can come first).
+func TestServeEndsWhenShutDownAtOnce(t *testing.T) {
+	for range 50 {
+		srv := NewServer(DefaultOptions(), slog.New(slog.DiscardHandler))
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(ctx, ln) }()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Serve still running 10 s after a shutdown that came at once")
+		}
+	}
+}
