@@ -22,6 +22,10 @@ type Announcer struct {
 	// OnError, if set, hears about failed puts (NATS down, the bucket gone); the next
 	// heartbeat tries again. Called from Run's goroutine.
 	OnError func(error)
+	// KeepOnStop leaves the announcements when Run stops, to expire with their lease: for an
+	// announcer that is not the worker (a relay in front of an engine that goes on serving),
+	// whose restart within the lease should not take the worker out of routing.
+	KeepOnStop bool
 
 	Puts, Errors atomic.Int64
 	lease        atomic.Int64 // the bucket's lease in nanoseconds, once open
@@ -52,7 +56,9 @@ func (a *Announcer) Run(ctx context.Context) error {
 		reopen := a.putAll(ctx, b.KV, announced)
 		select {
 		case <-ctx.Done():
-			a.deleteAll(b.KV, announced)
+			if !a.KeepOnStop {
+				a.deleteAll(b.KV, announced)
+			}
 			return nil
 		case <-t.C:
 		}

@@ -61,38 +61,47 @@ type StreamFeedOptions struct {
 	// StartSeq is the stream sequence to start from; 0: the whole stream (what a replica that
 	// must converge with the others needs).
 	StartSeq uint64
-	// Batches for workers not registered yet (their announcement is still on its way) wait, up
-	// to these bounds in all, the oldest dropped first; a worker's batches are applied when it
-	// is registered (StreamFeed.AddWorker). 4,096 batches, 64 MiB.
+	// Batches for workers not registered yet (their announcement is still on its way), or
+	// catching up, wait, up to these bounds in all, the oldest dropped first; a worker's
+	// batches are applied when it is registered (StreamFeed.AddWorker). 4,096 batches, 64 MiB.
 	MaxWaiting      int
 	MaxWaitingBytes int64
+	// CatchUpTimeout bounds a joining worker's read of its history; 1 minute.
+	CatchUpTimeout time.Duration
 }
 
 // DefaultStreamFeedOptions are the defaults above.
 func DefaultStreamFeedOptions() StreamFeedOptions {
-	return StreamFeedOptions{Stream: DefaultStreamOptions(), MaxWaiting: 4096, MaxWaitingBytes: 64 << 20}
+	return StreamFeedOptions{Stream: DefaultStreamOptions(), MaxWaiting: 4096, MaxWaitingBytes: 64 << 20, CatchUpTimeout: time.Minute}
 }
 
 // StreamStats count what a StreamFeed did with the stream's messages.
 type StreamStats struct {
-	Messages       atomic.Int64 // handled
-	Waited         atomic.Int64 // for a worker not registered yet: held
-	DroppedWaiting atomic.Int64 // held past the bounds, or whose worker never came: dropped
-	BadMessages    atomic.Int64 // shorter than the sequence number, or not on <prefix>.<worker>
-	Resets         atomic.Int64 // consumer errors reported by the client (it recreates the consumer itself)
+	Messages        atomic.Int64 // handled
+	Waited          atomic.Int64 // for a worker not registered yet: held
+	DroppedWaiting  atomic.Int64 // held past the bounds, or whose worker never came: dropped
+	BadMessages     atomic.Int64 // shorter than the sequence number, or not on <prefix>.<worker>
+	Resets          atomic.Int64 // consumer errors reported by the client (it recreates the consumer itself)
+	CaughtUp        atomic.Int64 // batches a joining worker read again from the stream
+	CatchUpFailures atomic.Int64 // joins whose history could not be read: the waiting batches only
 }
 
 // StreamFeed applies the KV-event stream to a Feed's workers with one ordered consumer: the
 // client recreates it after a reconnect or a server restart from the last sequence it handed
 // over, so nothing the stream holds is skipped or applied twice. Registration goes through it
-// (AddWorker, RemoveWorker) so that every engine's batches and its registration are serialised:
-// batches of a worker not registered yet wait (bounded) and are applied, in order, when it is.
+// (AddWorker, RemoveWorker): a worker registered after the consumer has passed some of its
+// batches (it was announced late, or it left and came back) first reads them again from the
+// stream with an ordered consumer of its own subject, so its view is the stream's whole history
+// of it, whenever it joined, as on every other replica. Batches that arrive meanwhile wait
+// (bounded) and follow.
 type StreamFeed struct {
 	feed  *Feed
+	js    jetstream.JetStream
 	opts  StreamFeedOptions
 	Stats StreamStats
 
-	mu           sync.Mutex // serialises engines' batches with registration; guards waiting
+	mu           sync.Mutex      // serialises engines' batches with registration; guards waiting, joining, applied
+	joining      map[string]bool // registered, catching up from the stream: their batches wait
 	waiting      map[string][]waitingBatch
 	order        []waitingRef // every waiting batch, oldest first (entries of flushed ones stay until popped)
 	waitingBytes int64
@@ -114,31 +123,101 @@ type waitingRef struct {
 	streamSeq uint64
 }
 
-// NewStreamFeed feeds f from the stream; Run consumes it.
-func NewStreamFeed(f *Feed, opts StreamFeedOptions) *StreamFeed {
-	return &StreamFeed{feed: f, opts: opts, waiting: map[string][]waitingBatch{}, caughtUp: make(chan struct{})}
+// NewStreamFeed feeds f from the stream on js; Run consumes it.
+func NewStreamFeed(f *Feed, js jetstream.JetStream, opts StreamFeedOptions) *StreamFeed {
+	return &StreamFeed{feed: f, js: js, opts: opts, waiting: map[string][]waitingBatch{}, joining: map[string]bool{},
+		caughtUp: make(chan struct{})}
 }
 
 // Feed is the feed the stream is applied to.
 func (s *StreamFeed) Feed() *Feed { return s.feed }
 
-// AddWorker registers a worker with the feed (Feed.AddWorker) and applies the batches that
-// waited for it.
+// AddWorker registers a worker with the feed (Feed.AddWorker) and brings its engine up to the
+// consumer's position: the worker's batches the consumer has passed are read again from the
+// stream (its subject only), then the batches that waited are applied. Without a stream
+// (js nil) or when the stream cannot be read, the waiting batches alone are applied (counted
+// in Stats.CatchUpFailures). It returns once the engine is current.
 func (s *StreamFeed) AddWorker(name string) (*Engine, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	e, err := s.feed.AddWorker(name)
 	if err != nil {
+		s.mu.Unlock()
 		return nil, err
 	}
+	upTo := s.applied.Load()
+	s.joining[name] = true // its batches wait while it catches up, without the lock
+	s.mu.Unlock()
+
+	from := uint64(0) // the waiting batches after what the catch-up applied
+	if upTo > 0 && s.js != nil {
+		if err := s.catchUp(e, name, upTo); err != nil {
+			s.Stats.CatchUpFailures.Add(1)
+		} else {
+			from = upTo
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, b := range s.waiting[name] {
-		seq, _ := be64(b.data[:8])
-		e.Live(seq, b.data[8:], nil)
+		if b.streamSeq > from {
+			seq, _ := be64(b.data[:8])
+			e.Live(seq, b.data[8:], nil)
+		}
 		s.waitingBytes -= int64(len(b.data))
 		s.waitingCount--
 	}
 	delete(s.waiting, name)
+	delete(s.joining, name)
 	return e, nil
+}
+
+// catchUp applies the worker's batches in the stream up to stream sequence upTo to e, with an
+// ordered consumer of the worker's subject alone. e is registered but fed by nobody else.
+func (s *StreamFeed) catchUp(e *Engine, name string, upTo uint64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.CatchUpTimeout)
+	defer cancel()
+	subject := s.opts.Stream.Prefix + "." + name
+	st, err := s.js.Stream(ctx, s.opts.Stream.Name)
+	if err != nil {
+		return err
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return err
+	}
+	if info.State.Subjects[subject] == 0 {
+		return nil
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return err
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return err
+		}
+		if md.Sequence.Stream > upTo {
+			return nil // the main consumer has it, or will
+		}
+		if data := m.Data(); len(data) >= 8 {
+			seq, _ := be64(data[:8])
+			e.Live(seq, data[8:], nil)
+			s.Stats.CaughtUp.Add(1)
+		}
+		if md.NumPending == 0 || md.Sequence.Stream == upTo {
+			return nil
+		}
+	}
 }
 
 // RemoveWorker takes a worker out of the feed (Feed.RemoveWorker: its index entries go); its
@@ -161,8 +240,8 @@ func (s *StreamFeed) Position() (applied, behind uint64) { return s.applied.Load
 // client recovers from (a reconnect, a missed heartbeat: it recreates the consumer) are counted
 // in Stats.Resets and go to onErr (nil: ignored); Run returns only when it cannot start, or
 // when ctx ends.
-func (s *StreamFeed) Run(ctx context.Context, js jetstream.JetStream, onErr func(error)) error {
-	st, err := js.Stream(ctx, s.opts.Stream.Name)
+func (s *StreamFeed) Run(ctx context.Context, onErr func(error)) error {
+	st, err := s.js.Stream(ctx, s.opts.Stream.Name)
 	if err != nil {
 		return fmt.Errorf("kv event stream %s: %w", s.opts.Stream.Name, err)
 	}
@@ -215,14 +294,14 @@ func (s *StreamFeed) handle(m jetstream.Msg, prefix string, lastAtStart uint64) 
 	switch e := s.feed.Engine(name); {
 	case !ok || len(data) < 8:
 		s.Stats.BadMessages.Add(1)
-	case e != nil:
+	case e != nil && !s.joining[name]:
 		seq, _ := be64(data[:8])
 		e.Live(seq, data[8:], nil)
 	default:
 		s.wait(name, md.Sequence.Stream, data)
 	}
+	s.applied.Store(md.Sequence.Stream) // under the lock: AddWorker reads where the consumer is
 	s.mu.Unlock()
-	s.applied.Store(md.Sequence.Stream)
 	s.behind.Store(md.NumPending)
 	if md.NumPending == 0 || md.Sequence.Stream >= lastAtStart {
 		s.closeOnce.Do(func() { close(s.caughtUp) })
@@ -274,7 +353,7 @@ type streamCollector struct{ s *StreamFeed }
 
 var (
 	streamMessagesDesc = prometheus.NewDesc("dataplane_router_kv_jetstream_messages_total",
-		"KV-event stream messages by outcome: handled, waited (for a worker not registered yet), dropped_waiting, bad, consumer_reset.", []string{"outcome"}, nil)
+		"KV-event stream messages by outcome: handled, waited (for a worker not registered yet), dropped_waiting, bad, consumer_reset, caught_up (read again for a joining worker), catch_up_failed (joins).", []string{"outcome"}, nil)
 	streamSeqDesc = prometheus.NewDesc("dataplane_router_kv_jetstream_sequence",
 		"The last KV-event stream sequence this router handled.", nil, nil)
 	streamBehindDesc = prometheus.NewDesc("dataplane_router_kv_jetstream_behind",
@@ -293,7 +372,8 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	st := &c.s.Stats
 	for outcome, v := range map[string]int64{"handled": st.Messages.Load(), "waited": st.Waited.Load(),
-		"dropped_waiting": st.DroppedWaiting.Load(), "bad": st.BadMessages.Load(), "consumer_reset": st.Resets.Load()} {
+		"dropped_waiting": st.DroppedWaiting.Load(), "bad": st.BadMessages.Load(), "consumer_reset": st.Resets.Load(),
+		"caught_up": st.CaughtUp.Load(), "catch_up_failed": st.CatchUpFailures.Load()} {
 		ch <- prometheus.MustNewConstMetric(streamMessagesDesc, prometheus.CounterValue, float64(v), outcome)
 	}
 	applied, behind := c.s.Position()

@@ -105,7 +105,7 @@ func startReplica(t *testing.T, js jetstream.JetStream, workers []string, opts S
 	require.NoError(t, err)
 	f, err := NewFeed(r, DefaultOptions())
 	require.NoError(t, err)
-	sf := NewStreamFeed(f, opts)
+	sf := NewStreamFeed(f, js, opts)
 	for _, w := range workers {
 		_, err := sf.AddWorker(w)
 		require.NoError(t, err)
@@ -113,7 +113,7 @@ func startReplica(t *testing.T, js jetstream.JetStream, workers []string, opts S
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); require.NoError(t, sf.Run(ctx, js, nil)) }()
+	go func() { defer wg.Done(); require.NoError(t, sf.Run(ctx, nil)) }()
 	rep := &replica{r: r, sf: sf, stop: func() { cancel(); wg.Wait() }}
 	t.Cleanup(rep.stop)
 	return rep
@@ -218,7 +218,8 @@ func TestStreamFeedReplicasConverge(t *testing.T) {
 	require.Equal(t, late.overlaps(t, prompts), again.overlaps(t, prompts))
 }
 
-// Batches for unregistered workers wait up to the bounds, the oldest dropped first.
+// Batches for unregistered workers wait up to the bounds, the oldest dropped first; a worker
+// that joins reads its history from the stream, dropped batches included.
 func TestStreamFeedWaitingBounded(t *testing.T) {
 	rnd := testrand.New(t)
 	s := jsServer(t, t.TempDir(), 0)
@@ -240,18 +241,62 @@ func TestStreamFeedWaitingBounded(t *testing.T) {
 	n, _ := rep.sf.Waiting()
 	require.Equal(t, 5, n)
 	require.Equal(t, int64(2), rep.sf.Stats.DroppedWaiting.Load())
-	_, err = rep.sf.AddWorker("a") // a's batches 2 and 3 remain: no parent for 2, 3 chains to it
+	_, err = rep.sf.AddWorker("a")
 	require.NoError(t, err)
 	_, err = rep.sf.AddWorker("b")
 	require.NoError(t, err)
 	n, bytes := rep.sf.Waiting()
 	require.Zero(t, n)
 	require.Zero(t, bytes)
+	require.Equal(t, int64(7), rep.sf.Stats.CaughtUp.Load())
 	var d router.Decision
 	require.NoError(t, rep.r.Decide(router.Request{Tokens: b.c.tokens[:6*16]}, &d))
 	require.Equal(t, 6, d.Score("b").Overlap)
 	require.NoError(t, rep.r.Decide(router.Request{Tokens: a.c.tokens[:8*16]}, &d))
-	require.Equal(t, 0, d.Score("a").Overlap, "a's first batches were dropped: its later ones have no parent")
+	require.Equal(t, 8, d.Score("a").Overlap, "a's dropped batches came back from the stream")
+
+	// Without the stream (a feed with no JetStream), only what waited is applied.
+	ro := router.DefaultOptions()
+	r, err := router.New(ro)
+	require.NoError(t, err)
+	f, err := NewFeed(r, DefaultOptions())
+	require.NoError(t, err)
+	bare := NewStreamFeed(f, nil, opts)
+	_, err = bare.AddWorker("a")
+	require.NoError(t, err)
+	require.Zero(t, bare.Stats.CaughtUp.Load())
+}
+
+// A worker that leaves and comes back (its lease lapsed, its engine did not restart) gets its
+// whole history back from the stream, as a replica that starts now has it.
+func TestStreamFeedRejoin(t *testing.T) {
+	rnd := testrand.New(t)
+	s := jsServer(t, t.TempDir(), 0)
+	nc, js := jsConnect(t, s.ClientURL())
+	_, err := EnsureStream(context.Background(), js, testStream())
+	require.NoError(t, err)
+	w := &streamWorker{name: "w", c: newConvo(rnd, 64), per: 4, removes: true}
+	rep := startReplica(t, js, []string{"w"}, testFeedOptions())
+	for range 10 {
+		w.publish(t, nc, rnd)
+	}
+	require.NoError(t, nc.Flush())
+	rep.waitFor(t, js, 10)
+	prompts := [][]uint32{w.c.tokens[:16*16], w.c.tokens[:40*16]}
+	before := rep.overlaps(t, prompts)
+	require.Positive(t, before[1]["w"])
+	require.NoError(t, rep.sf.RemoveWorker("w"))
+	for range 5 {
+		w.publish(t, nc, rnd)
+	}
+	require.NoError(t, nc.Flush())
+	rep.waitFor(t, js, 15)
+	_, err = rep.sf.AddWorker("w")
+	require.NoError(t, err)
+	fresh := startReplica(t, js, []string{"w"}, testFeedOptions())
+	fresh.waitFor(t, js, 15)
+	require.Equal(t, fresh.overlaps(t, prompts), rep.overlaps(t, prompts))
+	require.Equal(t, int64(15), rep.sf.Stats.CaughtUp.Load())
 }
 
 // The NATS server restarts with its store: what the stream held is still there, the consumer
@@ -354,4 +399,16 @@ func TestRelaySequence(t *testing.T) {
 	have(40, 41, 42, 43)
 	r.Live(44, nil, replay)
 	require.Equal(t, []uint64{42, 43, 44}, out)
+
+	// Resumed before any live batch: what the engine buffers after the stream's last.
+	out = nil
+	r = NewRelay(publish, 41, true)
+	r.Resume(replay)
+	require.Equal(t, []uint64{42, 43}, out)
+	r.Live(44, nil, replay)
+	require.Equal(t, []uint64{42, 43, 44}, out)
+	out = nil
+	r = NewRelay(publish, 0, false)
+	r.Resume(replay)
+	require.Equal(t, []uint64{40, 41, 42, 43}, out)
 }

@@ -62,6 +62,18 @@ func (r *Relay) Live(seq uint64, payload []byte, replay Replayer) {
 	r.forward(seq, payload)
 }
 
+// Resume forwards what the engine still buffers after what was forwarded (from 0 when
+// nothing was): call it once before the subscription starts, so a relay that starts or
+// restarts while its engine is quiet does not wait for the engine's next batch to catch up.
+// Batches published before the subscription is up are found as a gap at the next one.
+func (r *Relay) Resume(replay Replayer) {
+	from := uint64(0)
+	if r.haveSeq {
+		from = r.last + 1
+	}
+	r.catchUp(from, ^uint64(0), replay)
+}
+
 // catchUp forwards the replayed batches from..upTo-1 that follow on from what was forwarded
 // (with nothing forwarded yet, from the first the engine still has).
 func (r *Relay) catchUp(from, upTo uint64, replay Replayer) {
