@@ -61,7 +61,19 @@ func startRouterFleet(ctx context.Context, wg *sync.WaitGroup, n *natsClient, c 
 	case <-time.After(30 * time.Second):
 		return nil, fmt.Errorf("fleet bucket %s: no answer from the watch in 30s", b.KV.Bucket())
 	}
-	wg.Add(1)
+	// Workers' own load reports, beside this router's counts (router.Slots.LoadAt).
+	sub, err := fleet.SubscribeLoad(n.nc, c.nats.load, &rf.loadStats, func(name string, l fleet.Load) {
+		reqs := l.Running + l.Waiting
+		if l.Running < 0 || l.Waiting < 0 {
+			reqs = -1
+		}
+		_ = rf.r.ReportLoad(name, router.LoadReport{ActiveBlocks: l.ActiveBlocks, PrefillTokens: l.PrefillTokens, Requests: reqs})
+	})
+	if err != nil {
+		return nil, err
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); <-ctx.Done(); _ = sub.Unsubscribe() }()
 	go func() {
 		defer wg.Done()
 		err := sf.Run(ctx, func(err error) {
@@ -73,7 +85,7 @@ func startRouterFleet(ctx context.Context, wg *sync.WaitGroup, n *natsClient, c 
 		}
 	}()
 	log.Info("fleet", "nats", n.url, "bucket", b.KV.Bucket(), "lease", b.Lease, "delete_markers", b.Markers,
-		"workers", len(rf.watcher.Workers()), "kv_stream", c.nats.stream.Name)
+		"workers", len(rf.watcher.Workers()), "kv_stream", c.nats.stream.Name, "load_subjects", c.nats.load+".<worker>")
 	return rf, nil
 }
 

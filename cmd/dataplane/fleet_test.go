@@ -201,6 +201,21 @@ vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1
 		return getJSON(t, "http://"+addr+"/v1/fleet", &workers) == 200 && len(workers) == 1 && workers[0].Load != nil &&
 			workers[0].Load.Running == 3 && workers[0].Load.ActiveBlocks == 250
 	}, 5*time.Second, 10*time.Millisecond, "the load from the engine's /metrics: 3 running, a quarter of 1,000 blocks")
+	// The router counts the reported load (no request of its own went there).
+	var snap []struct {
+		Worker    string `json:"worker"`
+		Effective *struct {
+			ActiveBlocks  int `json:"active_blocks"`
+			PrefillTokens int `json:"prefill_tokens"`
+			Requests      int `json:"requests"`
+		} `json:"effective"`
+	}
+	require.Eventually(t, func() bool {
+		return getJSON(t, "http://"+addr+"/v1/workers", &snap) == 200 && len(snap) == 1 && snap[0].Effective != nil
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, 250, snap[0].Effective.ActiveBlocks)
+	require.Equal(t, 4, snap[0].Effective.Requests)
+	require.Equal(t, 0, snap[0].Effective.PrefillTokens, "vLLM does not export it: the router's own count")
 }
 
 // httptestMetrics serves page as a /metrics endpoint and returns the base URL.
