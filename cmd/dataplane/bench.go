@@ -132,6 +132,7 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	o := loadgen.DefaultOptions()
 	endpoints := fs.String("endpoints", "", "base URLs, comma-separated (http://host:port or http://host:port/engines/3); round-robin")
+	routers := fs.String("router", "", "instead of --endpoints: standalone routers' base URLs (dataplane router), comma-separated, asked round-robin where each request goes")
 	trace := fs.String("trace", "", "trace to replay (JSONL)")
 	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
 	out := fs.String("out", "", "directory for requests.csv, ttft_cdf.png, latency_over_time.png")
@@ -144,11 +145,11 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseBench(fs, args, stderr); err != nil {
 		return err
 	}
-	if *endpoints == "" || *trace == "" {
-		fmt.Fprintln(stderr, "bench load: --endpoints and --trace are required")
+	if (*endpoints == "") == (*routers == "") || *trace == "" {
+		fmt.Fprintln(stderr, "bench load: --trace and one of --endpoints and --router are required")
 		return errUsage
 	}
-	o.Endpoints = splitList(*endpoints)
+	o.Endpoints, o.Routers = splitList(*endpoints), splitList(*routers)
 	o.Progress = terminal(stderr)
 	recs, err := readTrace(*trace, *limit, o.BlockSize)
 	if err != nil {

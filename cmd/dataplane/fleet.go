@@ -203,30 +203,37 @@ func rolesList(roles map[fleet.Role]bool) []string {
 }
 
 // announceFleet announces a mock fleet's engines in the bucket and publishes their loads,
-// until ctx ends (then it withdraws them); its goroutines join wg.
+// until ctx ends (then it withdraws them); its goroutines join wg. The loads are read from the
+// engines' loops by one goroutine every fleet.DefaultLoadEvery; heartbeats and load reports
+// take the latest, so a busy loop never delays a heartbeat.
 func announceFleet(ctx context.Context, wg *sync.WaitGroup, c *mockConfig, f *mocker.Fleet, log *slog.Logger) {
 	started := time.Now().UTC()
-	loads := func() []mocker.EngineLoad {
+	var latest atomic.Pointer[[]fleet.Load]
+	read := func() {
 		lctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		l, _ := f.Loads(lctx) // nil when the loops are stopping: then no loads
-		return l
+		ls, err := f.Loads(lctx)
+		if err != nil {
+			return // the loops are stopping
+		}
+		now, out := time.Now(), make([]fleet.Load, len(ls))
+		for i, l := range ls {
+			out[i] = fleet.Load{Running: int64(l.Running), Waiting: int64(l.Waiting), ActiveBlocks: int64(l.ActiveBlocks),
+				PrefillTokens: int64(l.PrefillTokens), KVBlocks: int64(l.Blocks), At: now}
+		}
+		latest.Store(&out)
 	}
-	toLoad := func(l mocker.EngineLoad, at time.Time) fleet.Load {
-		return fleet.Load{Running: int64(l.Running), Waiting: int64(l.Waiting), ActiveBlocks: int64(l.ActiveBlocks),
-			PrefillTokens: int64(l.PrefillTokens), KVBlocks: int64(l.Blocks), At: at}
-	}
+	read()
 	e := c.fleet.Engine
 	workers := func() []fleet.Worker {
-		ls, now := loads(), time.Now()
+		ls := latest.Load()
 		out := make([]fleet.Worker, f.Len())
 		for i := range out {
 			out[i] = fleet.Worker{Name: f.Engine(i).Name(), Model: c.model, Role: fleet.Role(c.role),
 				Endpoint: fmt.Sprintf("%s/engines/%d", c.advertise, i), KVBlocks: int64(e.Blocks), BlockSize: e.BlockSize,
 				Labels: c.labels, Started: started}
 			if ls != nil {
-				l := toLoad(ls[i], now)
-				out[i].Load = &l
+				out[i].Load = &(*ls)[i]
 			}
 		}
 		return out
@@ -234,14 +241,18 @@ func announceFleet(ctx context.Context, wg *sync.WaitGroup, c *mockConfig, f *mo
 	a := fleet.NewAnnouncer(c.natsClient.js, c.nats.bucket, workers)
 	a.OnError = func(err error) { log.Warn("announce", "err", err) }
 	lp := fleet.NewLoadPublisher(c.natsClient.nc, c.nats.load, func() []fleet.WorkerLoad {
-		ls := loads()
-		out := make([]fleet.WorkerLoad, len(ls))
-		for i, l := range ls {
-			out[i] = fleet.WorkerLoad{Name: f.Engine(i).Name(), Load: toLoad(l, time.Time{})}
+		ls := latest.Load()
+		if ls == nil {
+			return nil
+		}
+		out := make([]fleet.WorkerLoad, len(*ls))
+		for i, l := range *ls {
+			l.At = time.Time{}
+			out[i] = fleet.WorkerLoad{Name: f.Engine(i).Name(), Load: l}
 		}
 		return out
 	})
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		if err := a.Run(ctx); err != nil {
@@ -249,6 +260,19 @@ func announceFleet(ctx context.Context, wg *sync.WaitGroup, c *mockConfig, f *mo
 		}
 	}()
 	go func() { defer wg.Done(); _ = lp.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(fleet.DefaultLoadEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				read()
+			}
+		}
+	}()
 	log.Info("announcing", "engines", f.Len(), "bucket", c.nats.bucket.Bucket, "endpoint", c.advertise+"/engines/<i>",
 		"model", c.model, "role", c.role, "labels", c.labels, "load_subjects", c.nats.load+".<engine>")
 }

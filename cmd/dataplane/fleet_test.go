@@ -18,7 +18,7 @@ import (
 // returns its API address and NATS URL.
 func startFleetRouter(t *testing.T, url, dir string, extra ...string) (addr, natsURL string, stop func()) {
 	t.Helper()
-	args := []string{"router", "--listen", "127.0.0.1:0", "--lease", "1s"}
+	args := []string{"router", "--listen", "127.0.0.1:0", "--lease", "3s"}
 	var res []*regexp.Regexp
 	if url == "" {
 		args = append(args, "--nats", "embedded", "--nats-listen", "127.0.0.1:0", "--state-dir", dir)
@@ -230,4 +230,40 @@ func httptestMetrics(t *testing.T, page string) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// `bench load --router` drives a trace through two router replicas to the mock engines they
+// found: every request is routed, completed on the chosen engine and finished at the router
+// that routed it; both replicas then hold the same view of the engines' caches.
+func TestBenchLoadThroughRouters(t *testing.T) {
+	trace := synthTrace(t, "--requests", "60", "--seed", "5", "--speedup-ratio", "20", "--osl-multiplier", "0.1")
+	addr, url, stopRouter := startFleetRouter(t, "", t.TempDir())
+	defer stopRouter()
+	addr2, _, stopRouter2 := startFleetRouter(t, url, "")
+	defer stopRouter2()
+	_, stopMock := startCommand(t, []string{"mock", "--engines", "3", "--listen", "127.0.0.1:0", "--kv-events", "nats",
+		"--nats", url, "--speedup", "50"}, regexp.MustCompile(`msg=announcing`))
+	defer stopMock()
+	for _, a := range []string{addr, addr2} {
+		var workers []map[string]any
+		require.Eventually(t, func() bool { return getJSON(t, "http://"+a+"/v1/fleet", &workers) == 200 && len(workers) == 3 },
+			5*time.Second, 10*time.Millisecond)
+	}
+	out := runBench(t, "load", "--router", "http://"+addr+",http://"+addr2, "--trace", trace, "--speedup", "5")
+	require.Contains(t, out, "requests 60: 60 completed, 0 failed")
+	for _, a := range []string{addr, addr2} {
+		require.Equal(t, "30", metricValue(t, "http://"+a+"/metrics", "dataplane_router_decisions_total"))
+		require.Equal(t, "0", metricValue(t, "http://"+a+"/metrics", "dataplane_router_requests_in_flight"), "every request finished")
+	}
+	// Both replicas applied the same stream: the same cached blocks per engine.
+	blocks := func(a string) map[string]string {
+		out := map[string]string{}
+		for _, w := range []string{"mock-0", "mock-1", "mock-2"} {
+			out[w] = metricValue(t, "http://"+a+"/metrics", `dataplane_router_worker_cached_blocks{tier="0",worker="`+w+`"}`)
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return fmt.Sprint(blocks(addr)) == fmt.Sprint(blocks(addr2)) }, 5*time.Second, 20*time.Millisecond,
+		"%v %v", blocks(addr), blocks(addr2))
+	require.NotEqual(t, "0", blocks(addr)["mock-0"])
 }
