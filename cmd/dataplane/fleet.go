@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -292,4 +294,43 @@ func parseLabels(s string) (map[string]string, error) {
 	}
 	w := fleet.Worker{Name: "x", Role: fleet.Aggregated, Labels: out}
 	return out, w.Check()
+}
+
+// announceDaemon announces serve in the fleet as an encoder (its media encoders, behind its
+// OpenAI API) until the returned stop, which withdraws it.
+func announceDaemon(ctx context.Context, n *natsClient, sf *serveFlags, labels map[string]string, addr net.Addr, model string, log *slog.Logger) (stop func()) {
+	name, endpoint := sf.fleetName, sf.advertise
+	if endpoint == "" {
+		endpoint = "http://" + addr.String()
+	}
+	if name == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(addr.String())
+		name = fleetToken("dataplane-" + host + "-" + port)
+	}
+	w := fleet.Worker{Name: name, Model: model, Role: fleet.Encoder, Endpoint: endpoint, Labels: labels, Started: time.Now().UTC()}
+	a := fleet.NewAnnouncer(n.js, sf.nats.bucket, func() []fleet.Worker { return []fleet.Worker{w} })
+	a.OnError = func(err error) { log.Warn("announce", "err", err) }
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := a.Run(ctx); err != nil {
+			log.Error("announce", "err", err)
+		}
+	}()
+	log.Info("fleet", "nats", n.url, "name", name, "role", fleet.Encoder, "endpoint", endpoint, "bucket", sf.nats.bucket.Bucket)
+	return func() { cancel(); <-done }
+}
+
+// fleetToken makes s a worker name: characters other than A-Z a-z 0-9 _ - become -, at most
+// fleet.MaxNameLen of them.
+func fleetToken(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	return string(b[:min(len(b), fleet.MaxNameLen)])
 }

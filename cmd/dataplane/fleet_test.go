@@ -267,3 +267,33 @@ func TestBenchLoadThroughRouters(t *testing.T) {
 		"%v %v", blocks(addr), blocks(addr2))
 	require.NotEqual(t, "0", blocks(addr)["mock-0"])
 }
+
+// serve with its embedded NATS server announces itself as an encoder; a router joining that
+// server lists it (and, routing to LLM roles only, does not route to it).
+func TestServeAnnouncesItself(t *testing.T) {
+	m, stop := startCommand(t, []string{"serve", "--listen", "127.0.0.1:0", "--nats", "embedded", "--nats-listen", "127.0.0.1:0",
+		"--state-dir", t.TempDir(), "--fleet-name", "node-1", "--labels", "zone=a"},
+		regexp.MustCompile(`msg="dataplane starting".* listen=(127\.0\.0\.1:\d+)`),
+		regexp.MustCompile(`msg="embedded nats" url=(nats://127\.0\.0\.1:\d+)`), regexp.MustCompile(`msg=fleet `))
+	serveAddr, url := m[0][1], m[1][1]
+	addr, _, stopRouter := startFleetRouter(t, url, "")
+	defer stopRouter()
+	var workers []struct {
+		Name     string            `json:"name"`
+		Role     string            `json:"role"`
+		Endpoint string            `json:"endpoint"`
+		Labels   map[string]string `json:"labels"`
+	}
+	require.Eventually(t, func() bool { return getJSON(t, "http://"+addr+"/v1/fleet", &workers) == 200 && len(workers) == 1 },
+		5*time.Second, 10*time.Millisecond)
+	require.Equal(t, "node-1", workers[0].Name)
+	require.Equal(t, "encoder", workers[0].Role)
+	require.Equal(t, "http://"+serveAddr, workers[0].Endpoint)
+	require.Equal(t, "a", workers[0].Labels["zone"])
+	var snap []map[string]any
+	require.Equal(t, 200, getJSON(t, "http://"+addr+"/v1/workers", &snap))
+	require.Empty(t, snap, "an encoder is not an LLM worker the router routes to")
+	stop()
+	require.Eventually(t, func() bool { return getJSON(t, "http://"+addr+"/v1/fleet", &workers) == 200 && len(workers) == 0 },
+		5*time.Second, 10*time.Millisecond, "withdrawn when serve stops")
+}

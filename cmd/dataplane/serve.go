@@ -24,6 +24,7 @@ import (
 	"dataplane/dataplane/worker"
 	"dataplane/features"
 	"dataplane/native"
+	"dataplane/router/fleet"
 	"dataplane/router/kvevents"
 )
 
@@ -36,6 +37,8 @@ func init() {
 // serveFlags holds what serve's flags set beyond the server and service options.
 type serveFlags struct {
 	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay, adminListen string
+	nats                                                                  natsConfig
+	fleetName, advertise, labels                                          string
 	mockSpeedup                                                           float64
 	maxBodyBytes                                                          int64
 	firstByteTimeout                                                      time.Duration
@@ -97,6 +100,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Int64Var(&so.Router.Capacity, "kv-blocks", 0, "each worker's KV cache size in blocks: the router keeps at most that many of its blocks, the oldest stored evicted first (0: learn it from each http:// engine's /metrics; mock engines: their own)")
 	fs.Float64Var(&so.Router.Temperature, "router-temperature", so.Router.Temperature, "0: the cheapest worker; > 0: softmax over costs")
 	fs.Float64Var(&so.Router.OverlapWeight, "overlap-weight", so.Router.OverlapWeight, "weight of uncached prefill blocks against decode load")
+	// The fleet.
+	natsFlags(fs, &sf.nats, "embedded")
+	fs.StringVar(&sf.fleetName, "fleet-name", "", "this daemon's name in the fleet, where it is announced as an encoder (default: dataplane-HOST-PORT)")
+	fs.StringVar(&sf.advertise, "advertise", "", "the base URL announced for this daemon (default: http:// and the --listen address)")
+	fs.StringVar(&sf.labels, "labels", "", "topology labels announced, key=value,...")
 	// Features and encoding.
 	so.Features.Host.Capacity = 0
 	fs.Var(bytesVar(&so.Features.Host.Capacity), "feature-bytes", "host memory for features and merged sequences, out of --memory-bytes (0: a quarter of it, at most 1GiB)")
@@ -139,6 +147,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	plan, err := planWorkers(sf)
 	if err != nil {
 		return usageErr("%v", err)
+	}
+	if err := sf.nats.check(); err != nil {
+		return usageErr("%v", err)
+	}
+	labels, err := parseLabels(sf.labels)
+	if err != nil {
+		return usageErr("--labels: %v", err)
+	}
+	if sf.fleetName != "" && !fleet.ValidName(sf.fleetName) {
+		return usageErr("--fleet-name %q: want 1 to %d of A-Z a-z 0-9 _ -", sf.fleetName, fleet.MaxNameLen)
 	}
 	if so.HealthInterval <= 0 || so.HealthTimeout <= 0 || so.HealthFailures < 1 {
 		return usageErr("--worker-health-interval %v, --worker-health-timeout %v, --worker-health-failures %d: want positive values",
@@ -199,6 +217,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	srv.Attach(svc)
+	if sf.nats.url != "none" {
+		n, err := connectNATS(&sf.nats, "dataplane-serve", log)
+		if err != nil {
+			svc.Close(context.Background()) //nolint:errcheck
+			return err
+		}
+		defer n.Close()
+		stopAnnounce := announceDaemon(ctx, n, &sf, labels, ln.Addr(), m.Name, log)
+		defer stopAnnounce()
+	}
 	if m.Vision != nil {
 		fmt.Fprintf(stderr, "try it:\n%s\n", tryCurl(ln.Addr(), m.Name))
 	}
