@@ -154,6 +154,24 @@ func FuzzParseWorker(f *testing.F) {
 	})
 }
 
+func FuzzParseLoad(f *testing.F) {
+	f.Add([]byte(`{"running":1,"waiting":2,"active_blocks":3,"prefill_tokens":-1,"kv_blocks":5,"at":"2026-01-02T03:04:05Z"}`))
+	f.Add([]byte(`{"at":"not a time"}`))
+	f.Fuzz(func(t *testing.T, value []byte) {
+		l, err := ParseLoad(value)
+		if err != nil {
+			return
+		}
+		raw, err := json.Marshal(l)
+		if err != nil {
+			return // a time json cannot write back (a year past 9999)
+		}
+		again, err := ParseLoad(raw)
+		require.NoError(t, err)
+		require.Equal(t, l.Running, again.Running)
+	})
+}
+
 // Announced workers are seen within a heartbeat, updates follow, a worker dropped from the list
 // and all of them at the announcer's stop leave at once ("withdrawn").
 func TestAnnounceWatch(t *testing.T) {
