@@ -14,13 +14,15 @@ FUZZTIME    ?= 30s
 
 SOAK_ARGS   ?=
 
-.PHONY: help build run test bench soak cuda fuzz clean deps-build deps-test
+.PHONY: help build run test test-long bench soak cuda fuzz clean deps-build deps-test
 
 help:
 	@echo "make build   build bin/dataplane (Go + the C kernels through cgo; needs only gcc)"
 	@echo "make run     build, then 'dataplane serve' on the embedded defaults (ARGS='--listen :9000' to change)"
 	@echo "make test    go vet, go test -race, the C tests through CMake/ctest, and again under ASan/UBSan"
 	@echo "             (installs gcc/cmake if missing)"
+	@echo "make test-long  the fleet as processes on loopback: nats-server, two routers, two mock fleets,"
+	@echo "             bench load; kills and restarts (minutes; installs nats-server if missing)"
 	@echo "make bench   Go benchmarks (BENCH_PKGS, BENCH, BENCH_COUNT) summarised by benchstat, then every C bench_*"
 	@echo "make fuzz    every fuzz target for FUZZTIME each (default $(FUZZTIME))"
 	@echo "make soak    build, then 'dataplane bench chaos': serve under twelve hostile scenarios (<= 5 min),"
@@ -63,13 +65,15 @@ deps-build:
 # Test: cmake for the C tests; ffmpeg (and ffprobe) for the media tests that decode audio and
 # video containers through it (dataplane/media/audio, dataplane/media/video); Debian's python3
 # with zmq, msgpack and torch for the tests that replay, through transfer/testdata/vllm's
-# vllm_ref.py, the KV events vLLM publishes for what the daemon hands it (dataplane/api).
+# vllm_ref.py, the KV events vLLM publishes for what the daemon hands it (dataplane/api);
+# nats-server for the fleet's multi-process tests (make test-long).
 deps-test: deps-build
 	$(call need,cmake,cmake)
 	$(call need,ffmpeg,ffmpeg)
 	$(call need_py,zmq,python3-zmq)
 	$(call need_py,msgpack,python3-msgpack)
 	$(call need_py,torch,python3-torch)
+	$(call need,nats-server,nats-server)
 
 build: deps-build
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/dataplane
@@ -91,6 +95,13 @@ test: deps-test
 	cmake --build $(BUILD)/sanitize --parallel
 	ctest --test-dir $(BUILD)/sanitize --output-on-failure
 	$(GO) test -asan -count=1 ./native ./dataplane/encoder
+
+# The fleet as separate processes on loopback (cmd/dataplane/fleet_long_test.go): a real
+# nats-server with JetStream, two router replicas, two mock fleets, bench load through the
+# routers; a replica killed and restarted, a fleet killed, NATS restarted. A few minutes of two
+# cores, so not part of `make test`.
+test-long: deps-test build
+	DATAPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -tags long -count=1 -timeout 15m -run 'Long' -v ./cmd/dataplane
 
 bench: deps-test
 	@mkdir -p $(BUILD)

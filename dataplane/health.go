@@ -37,6 +37,7 @@ type workerEntry struct {
 	healthy   bool // in routing
 	failures  int  // failed probes in a row
 	forgotten bool // its blocks were dropped from the index since it last was healthy
+	removed   bool // RemoveWorker took it out: probes and failures no longer apply
 
 	probeOK, probeFailed prometheus.Counter
 }
@@ -111,6 +112,10 @@ func (s *Service) probeRound(ctx context.Context) {
 // probed applies one probe's result to its worker.
 func (s *Service) probed(e *workerEntry, err error) {
 	s.healthMu.Lock()
+	if e.removed { // probed before RemoveWorker took it out
+		s.healthMu.Unlock()
+		return
+	}
 	back, down, forget := false, false, false
 	if err == nil {
 		if e.probe != nil {
@@ -152,7 +157,7 @@ func (s *Service) probed(e *workerEntry, err error) {
 // markDown takes a worker a request found unavailable out of routing until a probe succeeds.
 func (s *Service) markDown(e *workerEntry, cause error) {
 	s.healthMu.Lock()
-	was := e.healthy
+	was := e.healthy && !e.removed
 	if was {
 		s.setHealthy(e, false)
 	}

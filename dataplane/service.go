@@ -230,17 +230,66 @@ func NewService(opts ServiceOptions) (*Service, error) {
 // returned engine (the caller feeds it, e.g. kvevents.SubscribeZMQ or a mocker's sink). The
 // prober asks it how it is from the next round on (worker.Prober).
 func (s *Service) AddWorker(w worker.Worker) (*kvevents.Engine, error) {
+	return s.AddWorkerVia(w, s.feed.AddWorker)
+}
+
+// AddWorkerVia is AddWorker with the router's registration done by register (of the service's
+// feed; a kvevents.StreamFeed's AddWorker, which applies what the stream holds for the worker
+// first, so it may take a while: no lock is held meanwhile). The worker is in the service
+// before the router can choose it.
+func (s *Service) AddWorkerVia(w worker.Worker, register func(name string) (*kvevents.Engine, error)) (*kvevents.Engine, error) {
+	name := w.Name()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, dup := s.workers[w.Name()]; dup {
-		return nil, fmt.Errorf("worker %q added twice", w.Name())
+	if _, dup := s.workers[name]; dup {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("worker %q added twice", name)
 	}
-	e, err := s.feed.AddWorker(w.Name())
+	entry := s.newEntry(w)
+	s.workers[name] = entry
+	s.mu.Unlock()
+	e, err := register(name)
 	if err != nil {
+		s.mu.Lock()
+		delete(s.workers, name)
+		s.mu.Unlock()
+		s.dropEntry(entry)
 		return nil, err
 	}
-	s.workers[w.Name()] = s.newEntry(w)
 	return e, nil
+}
+
+// RemoveWorker takes a worker out of routing (unregister: the router's side, e.g. the feed's or
+// a kvevents.StreamFeed's RemoveWorker, which also drops its blocks from the index), then out of
+// the service. Generations it has begun finish.
+func (s *Service) RemoveWorker(name string, unregister func(name string) error) error {
+	s.mu.Lock()
+	e := s.workers[name]
+	s.mu.Unlock()
+	if e == nil {
+		return fmt.Errorf("worker %q: not a worker of this service", name)
+	}
+	err := unregister(name)
+	s.mu.Lock()
+	if s.workers[name] == e {
+		delete(s.workers, name)
+	}
+	s.mu.Unlock()
+	s.dropEntry(e)
+	e.w.Close() //nolint:errcheck // idle connections only; streams in flight keep theirs
+	return err
+}
+
+// dropEntry retires a worker taken out of the service: it no longer counts as healthy, and its
+// probe counters go.
+func (s *Service) dropEntry(e *workerEntry) {
+	s.healthMu.Lock()
+	if e.healthy {
+		s.healthy.Add(-1)
+	}
+	e.healthy, e.removed = false, true
+	s.healthMu.Unlock()
+	s.health.probes.DeleteLabelValues(e.name, "ok")
+	s.health.probes.DeleteLabelValues(e.name, "failed")
 }
 
 // Memory is the budget requests reserve against (nil: no accounting), and MemoryPlan how

@@ -26,12 +26,16 @@ type Options struct {
 	// times (an encode ETA, a transfer) into blocks of prefill, the unit of the cost (BlocksIn).
 	// 15e-6, Dynamo's mocker model (0.24 ms a 16-token block).
 	PrefillSecondsPerToken float64
+	// LoadReportTTL is how long a worker's own load report (ReportLoad) counts in the cost;
+	// older, the router's own counts alone do. 3s: a fleet's workers report at least every
+	// second (router/fleet).
+	LoadReportTTL time.Duration
 }
 
 // DefaultOptions are the defaults above.
 func DefaultOptions() Options {
 	return Options{BlockSize: 16, OverlapWeight: 1, Index: index.DefaultOptions(),
-		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, PrefillSecondsPerToken: 15e-6}
+		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, PrefillSecondsPerToken: 15e-6, LoadReportTTL: 3 * time.Second}
 }
 
 // Router ties the pieces together: the cache index (fed by KV events: package kvevents), the
@@ -155,6 +159,17 @@ func (r *Router) SetHealthy(name string, healthy bool) error {
 	return nil
 }
 
+// ReportLoad records a worker's own report of its load (in a fleet, from its load subject):
+// the cost then counts what other routers sent it too (Slots.LoadAt says how the two combine).
+func (r *Router) ReportLoad(name string, rep LoadReport) error {
+	w := r.find(name)
+	if w == nil {
+		return &ErrUnknownWorker{Name: name}
+	}
+	r.slots.Report(w.slot, rep, time.Now())
+	return nil
+}
+
 // SetCapacity sets a worker's cap on index blocks (its engine's KV block count).
 func (r *Router) SetCapacity(name string, blocks int64) error {
 	w := r.find(name)
@@ -257,12 +272,13 @@ func (r *Router) Decide(req Request, d *Decision) error {
 	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), isl, hashes
 	d.Scores = slices.Grow(d.Scores[:0], len(workers))[:len(workers)]
 	lastTier := r.opts.Index.Tiers - 1
+	now := time.Now()
 	for i, w := range workers {
 		s := &d.Scores[i]
 		*s = WorkerScore{Worker: w.name}
 		s.Overlap = sc.cached.Blocks(w.slot, 0)
 		s.OverlapAny = sc.cached.Blocks(w.slot, lastTier)
-		s.ActiveBlocks, s.PrefillTokens, _ = r.slots.Load(w.slot)
+		s.ActiveBlocks, s.PrefillTokens, _, s.Reported = r.slots.LoadAt(w.slot, now, r.opts.LoadReportTTL)
 		s.NewBlocks = total - sc.active.Blocks(w.slot, 0)
 		s.Uncached = max(isl-s.Overlap*bs, 0)
 		s.PrefillBlocks = float64(s.PrefillTokens+int64(s.Uncached)) / float64(bs)
@@ -329,17 +345,25 @@ type WorkerLoad struct {
 	ActiveBlocks  int64        `json:"active_blocks"`
 	PrefillTokens int64        `json:"prefill_tokens"`
 	Requests      int64        `json:"requests"`
+	// The worker's own last report (ReportLoad) while it counts, and what the cost uses.
+	Reported  *LoadReport `json:"reported,omitempty"`
+	Effective *LoadReport `json:"effective,omitempty"`
 }
 
 // Snapshot reports every worker's state (for metrics and debugging).
 func (r *Router) Snapshot() []WorkerLoad {
 	var out []WorkerLoad
+	now := time.Now()
 	for _, w := range *r.workers.Load() {
 		l := WorkerLoad{Worker: w.name, Slot: w.slot, Healthy: w.healthy.Load()}
 		for t := range r.opts.Index.Tiers {
 			l.Blocks = append(l.Blocks, r.ix.Held(w.slot, t))
 		}
 		l.ActiveBlocks, l.PrefillTokens, l.Requests = r.slots.Load(w.slot)
+		if b, p, q, fresh := r.slots.LoadAt(w.slot, now, r.opts.LoadReportTTL); fresh {
+			rep := r.slots.loads[w.slot].report.Load().LoadReport
+			l.Reported, l.Effective = &rep, &LoadReport{ActiveBlocks: b, PrefillTokens: p, Requests: q}
+		}
 		out = append(out, l)
 	}
 	return out

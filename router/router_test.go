@@ -333,3 +333,71 @@ func TestSlotsAgainstModel(t *testing.T) {
 		require.Zero(t, blocks+reqs)
 	}
 }
+
+// A worker's own load report counts with this router's counts: reported + what this router
+// started since, never below its own count, not twice what it sent, only while fresh; unknown
+// (negative) counts and forgotten workers fall back to the local count.
+func TestLoadReports(t *testing.T) {
+	rnd := testrand.New(t)
+	r := newTestRouter(t, "a", "b")
+	prompt := testrand.Tokens(rnd, 64) // 4 blocks
+	d, err := decide(r, Request{Tokens: prompt})
+	require.NoError(t, err)
+	require.Equal(t, "a", d.Worker, "a tie goes to the smaller name")
+
+	// Another replica loaded a: 100 blocks, 2,000 prompt tokens to go.
+	require.NoError(t, r.ReportLoad("a", LoadReport{ActiveBlocks: 100, PrefillTokens: 2000, Requests: 5}))
+	d, err = decide(r, Request{Tokens: prompt})
+	require.NoError(t, err)
+	require.Equal(t, "b", d.Worker)
+	require.Equal(t, int64(100), d.Score("a").ActiveBlocks)
+	require.True(t, d.Score("a").Reported)
+	require.False(t, d.Score("b").Reported)
+
+	// This router sends two requests to b; b's report then counts them, and they are not counted
+	// twice; one more request after the report is added to it.
+	sa := r.Slots()
+	wb := index.Worker(1)
+	now := time.Now()
+	for i := range 2 {
+		h, _ := NewHasher(16)
+		hs, _ := h.Sequence(nil, testrand.Tokens(rnd, 64), HashSeed, nil)
+		require.NoError(t, sa.Start(fmt.Sprint("r", i), wb, hs, 64, 64, now))
+	}
+	lb, lp, lr := sa.Load(wb)
+	require.Equal(t, []int64{8, 128, 2}, []int64{lb, lp, lr})
+	sa.Report(wb, LoadReport{ActiveBlocks: 8 + 10, PrefillTokens: 128, Requests: 2 + 1}, now) // 10 blocks, 1 request from elsewhere
+	b, p, q, fresh := sa.LoadAt(wb, now, time.Second)
+	require.True(t, fresh)
+	require.Equal(t, []int64{18, 128, 3}, []int64{b, p, q})
+	h, _ := NewHasher(16)
+	hs, _ := h.Sequence(nil, testrand.Tokens(rnd, 32), HashSeed, nil)
+	require.NoError(t, sa.Start("r2", wb, hs, 32, 32, now))
+	b, p, q, _ = sa.LoadAt(wb, now, time.Second)
+	require.Equal(t, []int64{20, 160, 4}, []int64{b, p, q}, "the report plus what started since")
+	sa.FirstToken("r0")
+	_, p, _, _ = sa.LoadAt(wb, now, time.Second)
+	require.Equal(t, int64(96), p, "prefill done here comes off the report too")
+
+	// A report that says less than this router has in flight (its requests still on their way):
+	// the local count stands.
+	sa.Report(wb, LoadReport{ActiveBlocks: 0, PrefillTokens: 0, Requests: 0}, now)
+	b, _, q, _ = sa.LoadAt(wb, now, time.Second)
+	require.Equal(t, []int64{10, 3}, []int64{b, q})
+	// Unknown counts, and a stale report, fall back to the local ones.
+	sa.Report(wb, LoadReport{ActiveBlocks: 500, PrefillTokens: -1, Requests: -1}, now)
+	b, p, q, _ = sa.LoadAt(wb, now, time.Second)
+	require.Equal(t, []int64{500, 96, 3}, []int64{b, p, q})
+	b, _, _, fresh = sa.LoadAt(wb, now.Add(2*time.Second), time.Second)
+	require.False(t, fresh)
+	require.Equal(t, int64(10), b)
+
+	snap := r.Snapshot()
+	require.NotNil(t, snap[1].Reported)
+	require.Equal(t, int64(500), snap[1].Effective.ActiveBlocks)
+	require.NoError(t, r.RemoveWorker("b"))
+	_, _, _, fresh = sa.LoadAt(wb, now, time.Second)
+	require.False(t, fresh, "a removed worker's report goes with it")
+	var unknown *ErrUnknownWorker
+	require.ErrorAs(t, r.ReportLoad("b", LoadReport{}), &unknown)
+}

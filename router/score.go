@@ -24,16 +24,17 @@ type WorkerScore struct {
 	Eligible bool   `json:"eligible"`
 	Excluded string `json:"excluded,omitempty"` // why not eligible: "unhealthy", "not in allow-list"
 
-	Overlap       int     `json:"overlap_blocks"`        // leading prompt blocks cached on the device tier
-	OverlapAny    int     `json:"overlap_any_blocks"`    // ... on any tracked tier
-	ActiveBlocks  int64   `json:"active_blocks"`         // blocks in use by requests in flight
-	PrefillTokens int64   `json:"prefill_tokens"`        // prompt tokens in flight not yet computed
-	NewBlocks     int     `json:"new_blocks"`            // this prompt's blocks not active there yet
-	Uncached      int     `json:"uncached_tokens"`       // this prompt's tokens to compute there
-	PrefillBlocks float64 `json:"prefill_blocks"`        // (PrefillTokens + Uncached) / block size
-	DecodeBlocks  float64 `json:"decode_blocks"`         // ActiveBlocks + NewBlocks
-	EncodeWait    float64 `json:"encode_wait,omitempty"` // Request.ReadyIn beyond the prefill backlog, blocks
-	Transfer      float64 `json:"transfer,omitempty"`    // Request.Transfer, blocks
+	Overlap       int     `json:"overlap_blocks"`          // leading prompt blocks cached on the device tier
+	OverlapAny    int     `json:"overlap_any_blocks"`      // ... on any tracked tier
+	ActiveBlocks  int64   `json:"active_blocks"`           // blocks in use by requests in flight
+	PrefillTokens int64   `json:"prefill_tokens"`          // prompt tokens in flight not yet computed
+	Reported      bool    `json:"load_reported,omitempty"` // the two above include the worker's own report (Slots.LoadAt)
+	NewBlocks     int     `json:"new_blocks"`              // this prompt's blocks not active there yet
+	Uncached      int     `json:"uncached_tokens"`         // this prompt's tokens to compute there
+	PrefillBlocks float64 `json:"prefill_blocks"`          // (PrefillTokens + Uncached) / block size
+	DecodeBlocks  float64 `json:"decode_blocks"`           // ActiveBlocks + NewBlocks
+	EncodeWait    float64 `json:"encode_wait,omitempty"`   // Request.ReadyIn beyond the prefill backlog, blocks
+	Transfer      float64 `json:"transfer,omitempty"`      // Request.Transfer, blocks
 	Cost          float64 `json:"cost"`
 	Probability   float64 `json:"probability"` // of being chosen (1 for the argmin at T = 0)
 }

@@ -36,6 +36,24 @@ type workerLoad struct {
 	blocks  atomic.Int64 // distinct blocks in use, the unhashed tail blocks included
 	prefill atomic.Int64 // prompt tokens still to compute
 	reqs    atomic.Int64
+
+	report atomic.Pointer[reported] // the worker's own last report (Report); nil: none
+}
+
+// LoadReport is a worker's load as the worker reported it (its load subject in a fleet): what
+// every router sent it and what bypassed them. A negative count is one the worker does not
+// know (a vLLM engine exports no prompt tokens still to compute).
+type LoadReport struct {
+	ActiveBlocks  int64 `json:"active_blocks"`  // KV blocks held by its requests
+	PrefillTokens int64 `json:"prefill_tokens"` // prompt tokens not computed yet
+	Requests      int64 `json:"requests"`       // running and waiting
+}
+
+// reported is a report and this router's own counts when it arrived.
+type reported struct {
+	LoadReport
+	base LoadReport // the local counts then
+	at   time.Time  // when it arrived, the router's clock
 }
 
 type slotRequest struct {
@@ -65,11 +83,43 @@ func NewSlots(maxWorkers, blockSize int, ttl time.Duration, maxRequests int) (*S
 		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: index.NewCounts(), reqs: map[string]*slotRequest{}}, nil
 }
 
-// Load is a worker's current load: distinct active blocks, outstanding prefill tokens and
-// requests in flight.
+// Load is a worker's load as this router counted it: distinct active blocks, outstanding
+// prefill tokens and requests in flight, of the requests it started.
 func (s *Slots) Load(w index.Worker) (blocks, prefillTokens, requests int64) {
 	l := &s.loads[w]
 	return l.blocks.Load(), l.prefill.Load(), l.reqs.Load()
+}
+
+// Report records a worker's own load report, received now. Safe from any goroutine.
+func (s *Slots) Report(w index.Worker, rep LoadReport, now time.Time) {
+	l := &s.loads[w]
+	b, p, r := l.blocks.Load(), l.prefill.Load(), l.reqs.Load()
+	l.report.Store(&reported{LoadReport: rep, base: LoadReport{ActiveBlocks: b, PrefillTokens: p, Requests: r}, at: now})
+}
+
+// LoadAt is the load the cost uses at now: this router's own counts, combined per count with
+// the worker's last report when one arrived within ttl. The report counts everything at the
+// worker when it was made (other replicas' requests, requests that bypassed routers); what
+// this router started and finished since is known here exactly, so it is added to the report:
+// reported + (local now − local when the report arrived). It is never below the local count,
+// which is what this router knows to be in flight (a report can miss requests still on their
+// way to the worker). Adding the local count instead would count this router's requests twice;
+// taking the larger of the two would miss a burst routed here since the last report.
+func (s *Slots) LoadAt(w index.Worker, now time.Time, ttl time.Duration) (blocks, prefillTokens, requests int64, fresh bool) {
+	l := &s.loads[w]
+	blocks, prefillTokens, requests = l.blocks.Load(), l.prefill.Load(), l.reqs.Load()
+	rep := l.report.Load()
+	if rep == nil || now.Sub(rep.at) > ttl {
+		return blocks, prefillTokens, requests, false
+	}
+	combine := func(local, reported, base int64) int64 {
+		if reported < 0 {
+			return local
+		}
+		return max(local, reported+local-base)
+	}
+	return combine(blocks, rep.ActiveBlocks, rep.base.ActiveBlocks), combine(prefillTokens, rep.PrefillTokens, rep.base.PrefillTokens),
+		combine(requests, rep.Requests, rep.base.Requests), true
 }
 
 // ActiveMatch reports, per worker, how many leading blocks of a prompt are already in use there;
@@ -163,8 +213,9 @@ func (s *Slots) Expire(now time.Time) int {
 	return n
 }
 
-// ForgetWorker drops every request of worker w (it left the fleet).
+// ForgetWorker drops every request of worker w (it left the fleet), and its report.
 func (s *Slots) ForgetWorker(w index.Worker) {
+	s.loads[w].report.Store(nil)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, req := range s.reqs {

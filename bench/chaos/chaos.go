@@ -450,7 +450,9 @@ func (w syncWriter) Write(b []byte) (int, error) { return w.f.Write(b) }
 // ("--name=value"), and waits until /readyz says 200. A flag this binary does not have is
 // left out and fails the row ("serve has no --flag"): the scenario still runs.
 func (t *trial) startServe(ctx context.Context, flags ...string) (*daemon, error) {
-	base := []string{"--listen=127.0.0.1:0", "--log-level=info", fmt.Sprintf("--memory-bytes=%d", t.h.o.MemoryBytes)}
+	// No NATS: the scenarios are about one daemon, and an embedded server on the default port
+	// and store would tie the trials together.
+	base := []string{"--listen=127.0.0.1:0", "--log-level=info", fmt.Sprintf("--memory-bytes=%d", t.h.o.MemoryBytes), "--nats=none"}
 	args := []string{"serve"}
 	admin := ""
 	for _, f := range append(base, flags...) {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,12 @@ type Options struct {
 	Progress    io.Writer     // a progress line, rewritten in place; nil: none
 	// Route picks each request's engine in RunInProcess (nil: request i goes to engine i mod N).
 	Route Picker
+	// Routers, instead of Endpoints: standalone routers' base URLs (`dataplane router`), asked
+	// round-robin where each request goes (routed.go); the worker's endpoint comes from the
+	// router's fleet, and the router hears the request's first token and end.
+	Routers []string
+
+	onToken func() // send's: called at the first token (routed runs)
 }
 
 // DefaultOptions are the defaults above (no endpoints).
@@ -70,24 +77,35 @@ func (e *ErrOptions) Error() string { return "loadgen: " + e.Field + " " + e.Pro
 // flight are cancelled and recorded with the error).
 func Run(ctx context.Context, recs []synth.Record, opts Options) (*Report, error) {
 	switch {
-	case len(opts.Endpoints) == 0:
-		return nil, &ErrOptions{"Endpoints", "none given"}
+	case len(opts.Endpoints) == 0 && len(opts.Routers) == 0:
+		return nil, &ErrOptions{"Endpoints", "none given (nor Routers)"}
+	case len(opts.Endpoints) > 0 && len(opts.Routers) > 0:
+		return nil, &ErrOptions{"Routers", "given with Endpoints: one or the other"}
 	case !(opts.Speedup > 0):
 		return nil, &ErrOptions{"Speedup", fmt.Sprintf("%v: must be positive", opts.Speedup)}
 	case opts.MaxInFlight <= 0:
 		return nil, &ErrOptions{"MaxInFlight", fmt.Sprintf("%d: must be positive", opts.MaxInFlight)}
 	}
-	for i, ep := range opts.Endpoints {
-		if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") {
-			return nil, &ErrOptions{"Endpoints", fmt.Sprintf("%d: %q is not an http(s) URL", i, ep)}
+	for _, list := range []struct {
+		name string
+		urls []string
+	}{{"Endpoints", opts.Endpoints}, {"Routers", opts.Routers}} {
+		for i, ep := range list.urls {
+			if !strings.HasPrefix(ep, "http://") && !strings.HasPrefix(ep, "https://") {
+				return nil, &ErrOptions{list.name, fmt.Sprintf("%d: %q is not an http(s) URL", i, ep)}
+			}
+			list.urls[i] = strings.TrimRight(ep, "/")
 		}
-		opts.Endpoints[i] = strings.TrimRight(ep, "/")
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = opts.MaxInFlight
 	client := &http.Client{Transport: tr}
 	defer client.CloseIdleConnections()
 
+	var rt *routed
+	if len(opts.Routers) > 0 {
+		rt = newRouted(client, opts.Routers, strconv.FormatInt(time.Now().UnixNano(), 36))
+	}
 	rep := &Report{Samples: make([]Sample, len(recs))}
 	sem := make(chan struct{}, opts.MaxInFlight)
 	var wg sync.WaitGroup
@@ -101,7 +119,10 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) (*Report, error
 	}
 	for i := range recs {
 		s := &rep.Samples[i]
-		s.Index, s.Endpoint = i, opts.Endpoints[i%len(opts.Endpoints)]
+		s.Index = i
+		if rt == nil {
+			s.Endpoint = opts.Endpoints[i%len(opts.Endpoints)]
+		}
 		s.PromptTokens = recs[i].InputLength
 		if !s.waitTurn(ctx, start, recs[i].Timestamp-t0, opts.Speedup) {
 			continue
@@ -118,7 +139,7 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) (*Report, error
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			send(ctx, client, &recs[i], s, opts)
+			send(ctx, client, &recs[i], s, opts, rt)
 			if s.Err != "" {
 				failed.Add(1)
 			}
@@ -150,11 +171,33 @@ func (s *Sample) waitTurn(ctx context.Context, start time.Time, traceMS, speedup
 	return true
 }
 
-// send runs one streamed completion and fills s.
-func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample, opts Options) {
+// send runs one streamed completion and fills s; with routers (rt), asks one first and tells it
+// about the request's first token and end.
+func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample, opts Options, rt *routed) {
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	toks, spans := synth.PromptTokens(rec, opts.BlockSize, opts.Vocab)
+	if rt != nil {
+		router, ep, id, err := rt.route(ctx, s.Index, toks, spans)
+		if err != nil {
+			s.Err = "route: " + err.Error()
+			return
+		}
+		s.Endpoint = ep
+		var told sync.WaitGroup // the first-token report, off the stream's path
+		defer func() {
+			told.Wait()
+			if s.Err != "" {
+				rt.lifecycle(router, id, "cancel")
+			} else {
+				rt.lifecycle(router, id, "finish")
+			}
+		}()
+		opts.onToken = func() {
+			told.Add(1)
+			go func() { defer told.Done(); rt.lifecycle(router, id, "first_token") }()
+		}
+	}
 	body := map[string]any{"prompt": toks, "max_tokens": max(rec.OutputLength, 1), "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "ignore_eos": true}
 	if opts.Model != "" {
@@ -234,6 +277,9 @@ func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample
 			now := time.Now()
 			if s.OutputTokens == 0 {
 				s.TTFT = now.Sub(sent)
+				if opts.onToken != nil {
+					opts.onToken()
+				}
 			} else {
 				s.ITL = append(s.ITL, now.Sub(last))
 			}

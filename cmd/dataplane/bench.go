@@ -132,6 +132,7 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	o := loadgen.DefaultOptions()
 	endpoints := fs.String("endpoints", "", "base URLs, comma-separated (http://host:port or http://host:port/engines/3); round-robin")
+	routers := fs.String("router", "", "instead of --endpoints: standalone routers' base URLs (dataplane router), comma-separated, asked round-robin where each request goes")
 	trace := fs.String("trace", "", "trace to replay (JSONL)")
 	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
 	out := fs.String("out", "", "directory for requests.csv, ttft_cdf.png, latency_over_time.png")
@@ -144,11 +145,11 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseBench(fs, args, stderr); err != nil {
 		return err
 	}
-	if *endpoints == "" || *trace == "" {
-		fmt.Fprintln(stderr, "bench load: --endpoints and --trace are required")
+	if (*endpoints == "") == (*routers == "") || *trace == "" {
+		fmt.Fprintln(stderr, "bench load: --trace and one of --endpoints and --router are required")
 		return errUsage
 	}
-	o.Endpoints = splitList(*endpoints)
+	o.Endpoints, o.Routers = splitList(*endpoints), splitList(*routers)
 	o.Progress = terminal(stderr)
 	recs, err := readTrace(*trace, *limit, o.BlockSize)
 	if err != nil {
@@ -269,7 +270,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	c := &mockConfig{fleet: mocker.DefaultFleetOptions()}
 	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mockFlags(fs, c)
+	mockFlags(fs, c, "embedded")
 	trace := fs.String("trace", "", "trace to replay (JSONL)")
 	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
 	tokenBlock := fs.Int("trace-block-size", 512, "tokens per trace hash id")
@@ -292,6 +293,14 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if c.events == "nats" && c.nats.url == "embedded" && c.nats.stateDir == "" { // a run's events are not worth keeping
+		dir, err := os.MkdirTemp("", "dataplane-bench-nats-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		c.nats.stateDir = dir
+	}
 	fleet, cleanup, err := buildFleet(c, log)
 	if err != nil {
 		return err
@@ -381,10 +390,10 @@ func newFleetRouter(c *mockConfig, fleet *mocker.Fleet) (*fleetRouter, error) {
 	if k.KVRouter, err = loadgen.NewKVRouter(r, fleet); err != nil {
 		return nil, err
 	}
-	if k.nc, err = nats.Connect(c.natsClient); err != nil {
-		return nil, fmt.Errorf("nats %s: %w", c.natsClient, err)
+	if k.nc, err = nats.Connect(c.natsClient.url); err != nil {
+		return nil, fmt.Errorf("nats %s: %w", c.natsClient.url, err)
 	}
-	if k.sub, err = kvevents.StartNATS(k.nc, c.natsPrefix, feed, &k.stats); err != nil {
+	if k.sub, err = kvevents.StartNATS(k.nc, c.nats.stream.Prefix, feed, &k.stats); err != nil {
 		k.nc.Close()
 		return nil, err
 	}

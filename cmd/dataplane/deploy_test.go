@@ -24,9 +24,11 @@ const deployDir = "../../dataplane/deploy/k8s"
 // pendingFlags are flags the manifests set before serve has them, with the work that adds
 // them: an environment variable of a flag serve lacks is ignored, so they are harmless until
 // then. Once serve has one, this test fails until it is taken off this list.
-var pendingFlags = map[string]string{
-	"nats": "issue 22 part 1: serve --nats joins a NATS cluster",
-}
+var pendingFlags = map[string]string{}
+
+// downwardSamples are a pod's values of the Downward API fields the manifests read.
+var downwardSamples = map[string]string{"metadata.name": "dataplane-x7k2q", "metadata.namespace": "dataplane",
+	"spec.nodeName": "gpu-7.example.internal", "status.podIP": "10.4.2.17"}
 
 // deployManifests is what this test reads of the manifests: the ConfigMap's data, and the
 // daemon container's args and environment.
@@ -52,6 +54,9 @@ func loadDeployManifests(t *testing.T) deployManifests {
 			ConfigMapKeyRef *struct {
 				Key string `yaml:"key"`
 			} `yaml:"configMapKeyRef"`
+			FieldRef *struct {
+				FieldPath string `yaml:"fieldPath"`
+			} `yaml:"fieldRef"`
 		} `yaml:"valueFrom"`
 	}
 	var ds struct {
@@ -77,11 +82,23 @@ func loadDeployManifests(t *testing.T) deployManifests {
 			continue
 		}
 		m.args = c.Args
+		// Kubernetes expands $(VAR) in a value from the variables before it; the Downward
+		// API's fields get a pod's sample values.
+		seen := map[string]string{}
 		for _, e := range c.Env {
+			v := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(e.Value, func(ref string) string {
+				if x, ok := seen[ref[2:len(ref)-1]]; ok {
+					return x
+				}
+				return ref
+			})
+			if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+				v = downwardSamples[e.ValueFrom.FieldRef.FieldPath]
+			}
+			seen[e.Name] = v
 			if !strings.HasPrefix(e.Name, "DATAPLANE_") {
 				continue
 			}
-			v := e.Value
 			if e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil {
 				var ok bool
 				v, ok = cm.Data[e.ValueFrom.ConfigMapKeyRef.Key]

@@ -96,9 +96,16 @@ func startCommand(t testing.TB, args []string, res ...*regexp.Regexp) (matches [
 
 // The test binary stands in for the dataplane binary when serve runs it as a child
 // (`dataplane gpu-probe`): dispatch like main does instead of running the tests again.
+//
+// serve runs an embedded NATS server on 127.0.0.1:4222 by default, its store in the user's
+// cache: the tests run it without (DATAPLANE_NATS=none) unless they ask for one with --nats,
+// so they neither share a port and a store nor leave state behind.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "gpu-probe" {
 		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	if os.Getenv("DATAPLANE_NATS") == "" {
+		os.Setenv("DATAPLANE_NATS", "none")
 	}
 	os.Exit(m.Run())
 }

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"dataplane/bench/mocker"
 	"dataplane/dataplane"
 	"dataplane/dataplane/openai"
@@ -34,10 +32,13 @@ type mockConfig struct {
 	events     string // none, zmq, nats
 	zmqHost    string
 	zmqPort    int
-	natsURL    string
-	natsListen string
-	natsPrefix string
-	natsClient string // the NATS URL buildFleet connected to (the embedded server's when "embedded")
+	nats       natsConfig
+	natsClient *natsClient // buildFleet's connection, with -kv-events nats
+	streamPub  *kvevents.StreamPublisher
+	model      string            // announced model
+	role       string            // announced role
+	labels     map[string]string // announced labels
+	advertise  string            // announced base URL ("": from --listen)
 	profile    string
 	statsEvery time.Duration
 	logLevel   slog.Level
@@ -46,8 +47,9 @@ type mockConfig struct {
 	tokenizer  dataplane.TokenizerOptions
 }
 
-// mockFlags declares the engine and fleet flags (shared with `dataplane bench fleet`).
-func mockFlags(fs *flag.FlagSet, c *mockConfig) {
+// mockFlags declares the engine and fleet flags (shared with `dataplane bench fleet`); natsDef
+// is --nats's default.
+func mockFlags(fs *flag.FlagSet, c *mockConfig, natsDef string) {
 	e := &c.fleet.Engine
 	fs.IntVar(&c.fleet.Engines, "engines", 1, "mock engines in this process")
 	fs.StringVar(&c.fleet.Prefix, "name-prefix", "mock-", "engine names: PREFIX0, PREFIX1, ...")
@@ -66,9 +68,7 @@ func mockFlags(fs *flag.FlagSet, c *mockConfig) {
 	fs.StringVar(&c.events, "kv-events", "none", "publish KV events: none, zmq (a PUB + replay ROUTER pair per engine) or nats")
 	fs.StringVar(&c.zmqHost, "zmq-host", "127.0.0.1", "address the ZMQ sockets bind")
 	fs.IntVar(&c.zmqPort, "zmq-port", 5557, "engine i publishes on PORT+2i and serves replay on PORT+2i+1 (0: any free ports)")
-	fs.StringVar(&c.natsURL, "nats", "embedded", `with -kv-events nats: a server URL, or "embedded" to run one`)
-	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "HOST:PORT of the embedded NATS server")
-	fs.StringVar(&c.natsPrefix, "nats-prefix", kvevents.DefaultNATSPrefix, "NATS subject prefix: engine W publishes on PREFIX.W")
+	natsFlags(fs, &c.nats, natsDef)
 	fs.DurationVar(&c.statsEvery, "stats-every", 10*time.Second, "log fleet counters this often (0: never)")
 }
 
@@ -85,7 +85,11 @@ times) and serves them over an OpenAI-compatible API:
   GET  /v1/models, /engines, /healthz
 
 KV events go out in vLLM's wire format: --kv-events zmq (PUB + replay ROUTER per engine, as
-vLLM's --kv-events-config would), or nats (subject PREFIX.<engine>, for large fleets).
+vLLM's --kv-events-config would), or nats: into the JetStream stream (--kv-stream, subject
+PREFIX.<engine>) of the NATS server --nats names (by default the one a "dataplane router" on
+this machine embeds), where every engine is also announced (--fleet-bucket, refreshed every
+--lease/3, endpoint http://ADVERTISE/engines/<i>) and reports its load (--load-prefix), so
+"dataplane router" finds them with no worker list.
 
 Flags:
 `
@@ -99,11 +103,15 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 		fs.PrintDefaults()
 		fmt.Fprint(stderr, configUsage(fs))
 	}
-	mockFlags(fs, c)
+	mockFlags(fs, c, "nats://127.0.0.1:4222")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8200", `HOST:PORT of the OpenAI API ("" for none)`)
 	fs.StringVar(&c.ecDir, "ec-dir", "", "serve chats as a vLLM EC consumer: media come only as items named by uuid in this directory (vLLM's shared_storage_path, serve --handoff ec --ec-dir)")
 	fs.StringVar(&c.tokenizer.Dir, "tokenizer", "", "directory with tokenizer.json for chats (default: the daemon's embedded demo tokenizer)")
 	fs.StringVar(&c.tokenizer.ChatTemplate, "chat-template", "", "built-in chat template for chats (as serve's)")
+	fs.StringVar(&c.advertise, "advertise", "", "with -kv-events nats: the base URL announced for the engines (default: http:// and the --listen address)")
+	fs.StringVar(&c.model, "model", "mock", "with -kv-events nats: the model announced")
+	fs.StringVar(&c.role, "role", "aggregated", "with -kv-events nats: the role announced (aggregated, prefill, decode)")
+	labels := fs.String("labels", "", "with -kv-events nats: topology labels announced, key=value,...")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("config", "", "YAML file of settings (keys are these flag names)")
 	if err := loadConfig(fs, args, os.Getenv); err != nil {
@@ -115,6 +123,15 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if err := c.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
 		fmt.Fprintf(stderr, "mock: -log-level: %v\n", err)
+		return errUsage
+	}
+	var err error
+	if c.labels, err = parseLabels(*labels); err != nil {
+		fmt.Fprintf(stderr, "mock: --labels: %v\n", err)
+		return errUsage
+	}
+	if err := c.nats.check(); err != nil && c.events == "nats" {
+		fmt.Fprintf(stderr, "mock: %v\n", err)
 		return errUsage
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
@@ -149,6 +166,12 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
+	}
+	if c.natsClient != nil {
+		if c.advertise == "" {
+			c.advertise = "http://" + ln.Addr().String()
+		}
+		announceFleet(ctx, &wg, c, fleet, log)
 	}
 	srv := &http.Server{Handler: mocker.NewServer(fleet, so), ReadHeaderTimeout: 10 * time.Second}
 	log.Info("serving", "listen", ln.Addr().String(), "first_engine", "http://"+ln.Addr().String()+"/engines/0")
@@ -207,24 +230,33 @@ func buildFleet(c *mockConfig, log *slog.Logger) (*mocker.Fleet, func(), error) 
 			}
 		})
 	case "nats":
-		url := c.natsURL
-		if url == "embedded" {
-			srv, err := startEmbeddedNATS(c.natsListen)
-			if err != nil {
-				return nil, cleanup, err
-			}
-			closers = append(closers, srv.Shutdown)
-			url = srv.ClientURL()
+		n, err := connectNATS(&c.nats, "dataplane-mock", log)
+		if err != nil {
+			return nil, cleanup, err
 		}
-		c.natsClient = url
-		nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+		closers = append(closers, n.Close)
+		if err := n.ensureStream(context.Background(), c.nats.stream); err != nil {
+			cleanup()
+			return nil, func() {}, err
+		}
+		po := kvevents.DefaultStreamPublisherOptions()
+		po.Prefix = c.nats.stream.Prefix
+		pub, err := kvevents.NewStreamPublisher(n.nc, po)
 		if err != nil {
 			cleanup()
-			return nil, func() {}, fmt.Errorf("nats %s: %w", url, err)
+			return nil, func() {}, err
 		}
-		closers = append(closers, nc.Close)
-		c.fleet.Publisher = mocker.NewNATSPublisher(nc, c.natsPrefix)
-		log.Info("kv events over nats", "url", url, "subjects", c.natsPrefix+".<engine>")
+		closers = append(closers, func() { // what the engines published last, then stop
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := pub.Flush(ctx); err != nil {
+				log.Warn("kv events not stored", "err", err)
+			}
+			pub.Close()
+		})
+		c.natsClient, c.streamPub = n, pub
+		c.fleet.Publisher = pub
+		log.Info("kv events over nats", "url", n.url, "stream", c.nats.stream.Name, "subjects", c.nats.stream.Prefix+".<engine>")
 	default:
 		return nil, cleanup, fmt.Errorf("-kv-events %q: want none, zmq or nats", c.events)
 	}

@@ -12,12 +12,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/valyala/fasthttp"
 
 	"dataplane/router"
+	"dataplane/router/fleet"
 	"dataplane/router/httpapi"
 	"dataplane/router/kvevents"
 )
@@ -34,10 +35,9 @@ type routerConfig struct {
 	listen          string
 	events, replays []string
 	names           map[string]string // endpoint → worker name
-	natsURL         string
-	natsListen      string
-	natsPrefix      string
-	natsWorkers     []string
+	nats            natsConfig
+	roles           map[fleet.Role]bool // announced workers routed to
+	model           string              // "" : any
 	maxBody         int
 	shutdownTimeout time.Duration
 	logLevel        slog.Level
@@ -58,10 +58,9 @@ func parseRouterFlags(args []string, stderr io.Writer) (*routerConfig, error) {
 	fs.IntVar(&c.opts.Index.MaxWorkers, "max-workers", c.opts.Index.MaxWorkers, "most workers (rounded up to 64s)")
 	fs.Int64Var(&c.opts.Capacity, "capacity", c.opts.Capacity, "per-worker cap on indexed blocks per tier (the engines' KV block count; 0: none)")
 	fs.DurationVar(&c.opts.RequestTTL, "request-ttl", c.opts.RequestTTL, "tracked requests without a finish are dropped after this")
-	fs.StringVar(&c.natsURL, "nats", "", `our engines' events over NATS: a server URL, "embedded" to run one, or "" for none`)
-	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "HOST:PORT of the embedded NATS server")
-	fs.StringVar(&c.natsPrefix, "nats-prefix", kvevents.DefaultNATSPrefix, "NATS subject prefix: events for worker W arrive on PREFIX.W")
-	natsWorkers := fs.String("nats-workers", "", "workers fed over NATS, comma-separated names")
+	natsFlags(fs, &c.nats, "embedded")
+	roles := fs.String("roles", "aggregated,prefill,decode", "announced workers of these roles are routed to (aggregated, prefill, decode, encoder)")
+	fs.StringVar(&c.model, "model", "", "route only to announced workers serving this model (default: any)")
 	fs.IntVar(&c.maxBody, "max-body-bytes", 16<<20, "larger request bodies get 413")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -101,12 +100,19 @@ func parseRouterFlags(args []string, stderr io.Writer) (*routerConfig, error) {
 		c.feed.Media[m] = i
 	}
 	c.opts.Index.Tiers = max(len(c.feed.Media), 1)
-	c.natsWorkers = splitList(*natsWorkers)
-	if len(c.events) == 0 && len(c.natsWorkers) == 0 {
-		return usage("no workers: give -kv-events endpoints or -nats-workers")
+	if err := c.nats.check(); err != nil {
+		return usage("%v", err)
 	}
-	if len(c.natsWorkers) > 0 && c.natsURL == "" {
-		return usage("-nats-workers needs -nats")
+	if c.nats.url == "none" && len(c.events) == 0 {
+		return usage("no workers: give --kv-events endpoints, or NATS (--nats) to find the announced ones")
+	}
+	c.roles = map[fleet.Role]bool{}
+	for _, r := range splitList(*roles) {
+		w := fleet.Worker{Name: "x", Role: fleet.Role(r)}
+		if err := w.Check(); err != nil {
+			return usage("--roles: %v", err)
+		}
+		c.roles[w.Role] = true
 	}
 	return c, nil
 }
@@ -136,6 +142,18 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var n *natsClient
+	var js jetstream.JetStream
+	if c.nats.url != "none" {
+		if n, err = connectNATS(&c.nats, "dataplane-router", log); err != nil {
+			return err
+		}
+		defer n.Close()
+		js = n.js
+	}
+	sfo := kvevents.DefaultStreamFeedOptions()
+	sfo.Stream = c.nats.stream
+	sf := kvevents.NewStreamFeed(feed, js, sfo) // registration goes through it, so stream batches and workers stay in step
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -143,7 +161,9 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("dataplane router starting", "listen", ln.Addr().String(), "block_size", c.opts.BlockSize,
 		"overlap_weight", c.opts.OverlapWeight, "temperature", c.opts.Temperature, "media", c.feed.Media,
 		"max_workers", c.opts.Index.MaxWorkers, "capacity", c.opts.Capacity, "request_ttl", c.opts.RequestTTL,
-		"kv_events", c.events, "kv_replay", c.replays, "nats", c.natsURL, "nats_workers", c.natsWorkers)
+		"kv_events", c.events, "kv_replay", c.replays, "nats", c.nats.url, "kv_stream", c.nats.stream.Name,
+		"kv_max_age", c.nats.stream.MaxAge, "kv_max_bytes", c.nats.stream.MaxBytes, "fleet_bucket", c.nats.bucket.Bucket,
+		"lease", c.nats.bucket.Lease, "roles", rolesList(c.roles), "model", c.model)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -156,7 +176,7 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 		if name == "" {
 			name = ep
 		}
-		eng, err := feed.AddWorker(name)
+		eng, err := sf.AddWorker(name)
 		if err != nil {
 			return err
 		}
@@ -176,7 +196,7 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 					return eng, nil
 				}
 				// More data-parallel ranks on one endpoint: each is its own KV cache.
-				e, err := feed.AddWorker(fmt.Sprintf("%s#dp%d", name, rank))
+				e, err := sf.AddWorker(fmt.Sprintf("%s#dp%d", name, rank))
 				ranks[rank] = e
 				return e, err
 			})
@@ -187,37 +207,12 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("worker", "name", name, "kv_events", ep, "replay", replay)
 	}
 
-	if c.natsURL != "" {
-		url := c.natsURL
-		if url == "embedded" {
-			srv, err := startEmbeddedNATS(c.natsListen)
-			if err != nil {
-				return err
-			}
-			defer srv.Shutdown()
-			url = srv.ClientURL()
-			log.Info("embedded nats", "url", url)
+	var rf *routerFleet
+	if n != nil {
+		if rf, err = startRouterFleet(ctx, &wg, n, fleetRouting{nats: &c.nats, roles: c.roles, model: c.model}, sf, log); err != nil {
+			return err
 		}
-		nc, err := nats.Connect(url, nats.MaxReconnects(-1))
-		if err != nil {
-			return fmt.Errorf("nats %s: %w", url, err)
-		}
-		defer nc.Close()
-		for _, name := range c.natsWorkers {
-			if _, err := feed.AddWorker(name); err != nil {
-				return err
-			}
-		}
-		var stats kvevents.NATSStats
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := kvevents.SubscribeNATS(ctx, nc, c.natsPrefix, feed, &stats); err != nil && !errors.Is(err, context.Canceled) {
-				errc <- err
-			}
-		}()
 	}
-
 	wg.Add(1)
 	go func() { // the slot tracker's janitor
 		defer wg.Done()
@@ -238,8 +233,15 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		router.NewCollector(r), kvevents.NewCollector(feed))
+	if rf != nil {
+		reg.MustRegister(kvevents.NewStreamCollector(sf), rf)
+	}
 	h := httpapi.NewHandler(r, reg)
 	h.SetLogger(log) // decisions at debug level: --log-level debug
+	if rf != nil {
+		h.SetReady(rf.ready)
+		h.SetFleet(func() any { return rf.watcher.Workers() })
+	}
 	srv := &fasthttp.Server{Handler: h.Handle, Name: "dataplane-router", MaxRequestBodySize: c.maxBody,
 		ReadTimeout: time.Minute, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	go func() { errc <- srv.Serve(ln) }()

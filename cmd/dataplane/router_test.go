@@ -25,7 +25,7 @@ func startRouter(t *testing.T, name string) (pub zmq4.Socket, addr string, stop 
 	require.NoError(t, pub.Listen("tcp://127.0.0.1:0"))
 	t.Cleanup(func() { pub.Close() })
 	ep := "tcp://" + pub.Addr().String()
-	args := []string{"router", "--listen", "127.0.0.1:0", "--kv-events", ep}
+	args := []string{"router", "--listen", "127.0.0.1:0", "--kv-events", ep, "--nats", "none"}
 	if name != "" {
 		args = append(args, "--workers", name+"="+ep)
 	}
@@ -71,13 +71,18 @@ func TestRouterCommand(t *testing.T) {
 
 func TestRouterCommandUsage(t *testing.T) {
 	for _, args := range [][]string{
-		{"router"},
+		{"router", "--nats", "none"},
 		{"router", "--kv-events", "tcp://127.0.0.1:1", "--workers", "nonsense"},
 		{"router", "--nats-workers", "a"},
+		{"router", "--nats", "localhost:4222"},
+		{"router", "--lease", "10ms"},
+		{"router", "--roles", "chef"},
+		{"router", "--nats-tls-cert", "c.pem"},
+		{"router", "--kv-max-bytes", "2GiB", "--nats-max-store", "1GiB"},
 		{"router", "--kv-events", "tcp://127.0.0.1:1", "--kv-replay", "a,b"},
 		{"router", "--kv-events", "tcp://127.0.0.1:1", "--log-level", "loud"},
 	} {
 		require.Equal(t, 2, run(context.Background(), args, io.Discard, io.Discard), "%q", args)
 	}
-	require.Equal(t, 1, run(context.Background(), []string{"router", "--kv-events", "tcp://127.0.0.1:1", "--block-size", "0"}, io.Discard, io.Discard))
+	require.Equal(t, 1, run(context.Background(), []string{"router", "--kv-events", "tcp://127.0.0.1:1", "--block-size", "0", "--nats", "none"}, io.Discard, io.Discard))
 }

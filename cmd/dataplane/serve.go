@@ -25,7 +25,10 @@ import (
 	"dataplane/dataplane/worker"
 	"dataplane/features"
 	"dataplane/native"
+	"dataplane/router/fleet"
 	"dataplane/router/kvevents"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func init() {
@@ -37,6 +40,8 @@ func init() {
 // serveFlags holds what serve's flags set beyond the server and service options.
 type serveFlags struct {
 	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay, adminListen, handoff string
+	nats                                                                           natsConfig
+	fleetName, advertise, labels, fleetModel                                       string
 	mockSpeedup                                                                    float64
 	maxBodyBytes                                                                   int64
 	firstByteTimeout                                                               time.Duration
@@ -87,7 +92,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&to.VideoToken, "video-token", "", "video placeholder token (default: <|video_pad|>, <video>)")
 	fs.StringVar(&to.AudioToken, "audio-token", "", "audio placeholder token (default: <|AUDIO|>, <|audio_pad|>, <audio>)")
 	// Workers and routing.
-	fs.StringVar(&sf.workers, "workers", "mock:4", "LLM workers: mock:N (in-process mock engines) or http://host:port,... (OpenAI-compatible engines such as vLLM)")
+	fs.StringVar(&sf.workers, "workers", "mock:4", "LLM workers: mock:N (in-process mock engines), http://host:port,... (OpenAI-compatible engines such as vLLM), or fleet (the aggregated workers announced on --nats, their KV events from its stream)")
+	fs.StringVar(&sf.fleetModel, "fleet-model", "", "with --workers fleet: route only to announced workers serving this model (default: any)")
 	fs.Float64Var(&sf.mockSpeedup, "mock-speedup", 1, "mock engines' time runs this many times faster than wall time (--workers mock:N)")
 	fs.StringVar(&sf.kvEvents, "kv-events", "", "the workers' vLLM KV-event publishers, same order: tcp://host:5557,...")
 	fs.StringVar(&sf.kvReplay, "kv-replay", "", "their replay endpoints, same order: tcp://host:5558,...")
@@ -103,6 +109,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Int64Var(&so.Router.Capacity, "kv-blocks", 0, "each worker's KV cache size in blocks: the router keeps at most that many of its blocks, the oldest stored evicted first (0: learn it from each http:// engine's /metrics; mock engines: their own)")
 	fs.Float64Var(&so.Router.Temperature, "router-temperature", so.Router.Temperature, "0: the cheapest worker; > 0: softmax over costs")
 	fs.Float64Var(&so.Router.OverlapWeight, "overlap-weight", so.Router.OverlapWeight, "weight of uncached prefill blocks against decode load")
+	// The fleet.
+	natsFlags(fs, &sf.nats, "embedded")
+	fs.StringVar(&sf.fleetName, "fleet-name", "", "this daemon's name in the fleet, where it is announced as an encoder (default: dataplane-HOST-PORT)")
+	fs.StringVar(&sf.advertise, "advertise", "", "the base URL announced for this daemon (default: http:// and the --listen address)")
+	fs.StringVar(&sf.labels, "labels", "", "topology labels announced, key=value,...")
 	// Features and encoding.
 	so.Features.Host.Capacity = 0
 	fs.Var(bytesVar(&so.Features.Host.Capacity), "feature-bytes", "host memory for features and merged sequences, out of --memory-bytes (0: a quarter of it, at most 1GiB)")
@@ -159,6 +170,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		if (plan.handoff == worker.HandoffEC) != (so.ECDir != "") {
 			return usageErr("--ec-dir goes with --handoff ec, and --handoff ec needs it (vLLM's shared_storage_path)")
 		}
+	}
+	if err := sf.nats.check(); err != nil {
+		return usageErr("%v", err)
+	}
+	labels, err := parseLabels(sf.labels)
+	if err != nil {
+		return usageErr("--labels: %v", err)
+	}
+	if sf.fleetName != "" && !fleet.ValidName(sf.fleetName) {
+		return usageErr("--fleet-name %q: want 1 to %d of A-Z a-z 0-9 _ -", sf.fleetName, fleet.MaxNameLen)
 	}
 	if so.HealthInterval <= 0 || so.HealthTimeout <= 0 || so.HealthFailures < 1 {
 		return usageErr("--worker-health-interval %v, --worker-health-timeout %v, --worker-health-failures %d: want positive values",
@@ -224,6 +245,24 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	srv.Attach(svc)
+	if sf.nats.url != "none" {
+		n, err := connectNATS(&sf.nats, "dataplane-serve", log)
+		if err != nil {
+			svc.Close(context.Background()) //nolint:errcheck
+			return err
+		}
+		defer n.Close()
+		if plan.fleet {
+			stopFleet, err := serveFleet(ctx, svc, srv.Registry(), n, &sf, plan, log)
+			if err != nil {
+				svc.Close(context.Background()) //nolint:errcheck
+				return err
+			}
+			defer stopFleet()
+		}
+		stopAnnounce := announceDaemon(ctx, n, &sf, labels, ln.Addr(), m.Name, log)
+		defer stopAnnounce()
+	}
 	if m.Vision != nil {
 		fmt.Fprintf(stderr, "try it:\n%s\n", tryCurl(ln.Addr(), m.Name))
 	}
@@ -314,6 +353,7 @@ func audioName(m *dataplane.Models) string {
 // model loads.
 type workerPlan struct {
 	mock             int      // in-process mock engines (mock:N); 0: none
+	fleet            bool     // the aggregated workers announced on NATS (--workers fleet)
 	mockSpeedup      float64  // their clock
 	urls             []string // OpenAI-compatible engines
 	events, replays  []string // the engines' KV-event and replay endpoints, same order
@@ -328,7 +368,22 @@ func planWorkers(sf serveFlags) (workerPlan, error) {
 		return p, fmt.Errorf("--worker-first-byte-timeout: %v (want > 0)", p.firstByteTimeout)
 	}
 	if len(p.urls) == 0 {
-		return p, fmt.Errorf("--workers: none given (want mock:N or http://host:port,...)")
+		return p, fmt.Errorf("--workers: none given (want mock:N, http://host:port,... or fleet)")
+	}
+	if p.urls[0] == "fleet" {
+		switch {
+		case len(p.urls) > 1:
+			return p, fmt.Errorf("--workers: fleet stands alone (got %q)", sf.workers)
+		case sf.nats.url == "none":
+			return p, fmt.Errorf("--workers fleet: the fleet is on NATS, and --nats is none")
+		case len(p.events) > 0 || len(p.replays) > 0:
+			return p, fmt.Errorf("--kv-events, --kv-replay: a fleet's KV events come from its stream on --nats")
+		}
+		p.fleet, p.urls = true, nil
+		return p, nil
+	}
+	if sf.fleetModel != "" {
+		return p, fmt.Errorf("--fleet-model goes with --workers fleet")
 	}
 	if n, ok := strings.CutPrefix(p.urls[0], "mock:"); ok {
 		count, err := strconv.Atoi(n)
@@ -359,12 +414,53 @@ func planWorkers(sf serveFlags) (workerPlan, error) {
 	return p, nil
 }
 
+// serveFleet routes to the fleet's aggregated workers: each announced one becomes an HTTP
+// worker of the service at its announced endpoint, under its announced name (the one its KV
+// events carry), fed from the stream; a worker whose lease ends leaves routing, the index and
+// the service. The returned function stops it all.
+func serveFleet(ctx context.Context, svc *dataplane.Service, reg *prometheus.Registry, n *natsClient, sf *serveFlags, p workerPlan, log *slog.Logger) (func(), error) {
+	sfo := kvevents.DefaultStreamFeedOptions()
+	sfo.Stream = sf.nats.stream
+	stream := kvevents.NewStreamFeed(svc.Feed(), n.js, sfo)
+	add := func(w fleet.Worker) error {
+		hw, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: w.Endpoint, Name: w.Name, Label: w.Name,
+			FirstByteTimeout: p.firstByteTimeout, Handoff: p.handoff})
+		if err != nil {
+			return err
+		}
+		_, err = svc.AddWorkerVia(hw, stream.AddWorker)
+		return err
+	}
+	remove := func(name string) error { return svc.RemoveWorker(name, stream.RemoveWorker) }
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	stop := func() { cancel(); wg.Wait() }
+	rf, err := startRouterFleet(ctx, &wg, n, fleetRouting{nats: &sf.nats, roles: map[fleet.Role]bool{fleet.Aggregated: true},
+		model: sf.fleetModel, add: add, remove: remove}, stream, log)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	if err := reg.Register(kvevents.NewStreamCollector(stream)); err != nil {
+		stop()
+		return nil, err
+	}
+	if err := reg.Register(rf); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
+}
+
 // addWorkers builds the LLM workers and subscribes to their KV events; the returned function
 // stops the subscriptions (and the mock fleet).
 func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, blockSize int, log *slog.Logger) (func(), error) {
 	subCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	stop := func() { cancel(); wg.Wait() }
+	if p.fleet {
+		return stop, nil // serveFleet adds them as they are announced
+	}
 	if p.mock > 0 {
 		if err := addMockFleet(subCtx, &wg, svc, p.mock, blockSize, p.mockSpeedup, log); err != nil {
 			stop()

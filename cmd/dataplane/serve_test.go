@@ -160,11 +160,15 @@ func TestServeWorkerFlagErrors(t *testing.T) {
 		{"--workers", "http://127.0.0.1:1", "--handoff", "ec"},
 		{"--workers", "http://127.0.0.1:1", "--handoff", "kv"},
 		{"--workers", "http://127.0.0.1:1", "--ec-dir", "/tmp/ec"},
+		{"--workers", "fleet", "--nats", "none"},
+		{"--workers", "fleet,http://127.0.0.1:1"},
+		{"--workers", "fleet", "--kv-events", "tcp://127.0.0.1:5557"},
+		{"--fleet-model", "m"}, // only with --workers fleet
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), io.Discard, &stderr)
 		require.NotEqual(t, 0, code, "%v", args)
-		require.Regexp(t, `--(workers|mock-speedup|kv-events|handoff|ec-dir)`, stderr.String(), "%v", args)
+		require.Regexp(t, `--(workers|mock-speedup|kv-events|handoff|ec-dir|fleet-model)`, stderr.String(), "%v", args)
 	}
 }
 

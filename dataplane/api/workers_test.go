@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -400,4 +401,54 @@ func TestWorkerFailureBodyHasNoAddress(t *testing.T) {
 	require.Contains(t, string(sse), `"text":"w0 "`)
 	require.Contains(t, string(sse), "the LLM worker failed: worker 0: stream ended early")
 	require.False(t, strings.Contains(string(sse), "127.0.0.1") || strings.Contains(string(sse), port), string(sse))
+}
+
+// Workers come and go (serve --workers fleet): a removed worker leaves routing, the index and
+// the service; its probe counters go; the service is not ready once none is left; a worker
+// whose registration fails is not kept; a removed one can be added again.
+func TestWorkersJoinAndLeave(t *testing.T) {
+	lns := listeners(t, 2)
+	a, b := startEngine(t, lns[0]), startEngine(t, lns[1])
+	d, engines := startHTTPDaemon(t, 5*time.Second, a.url(), b.url())
+	engines[0].Live(0, storedBatch(100, 0, 4), nil)
+	require.Equal(t, int64(4), d.svc.Router().Index().Entries())
+	require.Eventually(t, func() bool {
+		return d.metric(t, `dataplane_worker_probes_total{result="ok",worker="`+a.url()+`"}`) > 0
+	}, 10*time.Second, 10*time.Millisecond)
+
+	require.NoError(t, d.svc.RemoveWorker(a.url(), d.svc.Feed().RemoveWorker))
+	require.Zero(t, d.svc.Router().Index().Entries(), "its blocks left the index")
+	for range 4 {
+		code, _, body := d.complete(t, 1)
+		require.Equal(t, 200, code, body)
+		to, _ := d.routedTo(t, body, b.url())
+		require.Equal(t, b.url(), to)
+	}
+	time.Sleep(250 * time.Millisecond) // probe rounds pass: none about the removed worker
+	_, metrics := get(t, d.base+"/metrics")
+	require.NotContains(t, metrics, `worker="`+a.url()+`"`)
+	require.Error(t, d.svc.RemoveWorker(a.url(), d.svc.Feed().RemoveWorker), "removed already")
+	code, _ := get(t, d.base+"/readyz")
+	require.Equal(t, 200, code)
+
+	require.NoError(t, d.svc.RemoveWorker(b.url(), d.svc.Feed().RemoveWorker))
+	code, _ = get(t, d.base+"/readyz")
+	require.Equal(t, 503, code, "no worker left")
+	code, _, body := d.complete(t, 1)
+	require.Equal(t, 503, code, body)
+
+	wa, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: a.url(), Name: "engine-a", Label: "engine-a"})
+	require.NoError(t, err)
+	_, err = d.svc.AddWorkerVia(wa, func(string) (*kvevents.Engine, error) { return nil, errors.New("no slot") })
+	require.ErrorContains(t, err, "no slot")
+	code, _ = get(t, d.base+"/readyz")
+	require.Equal(t, 503, code, "a worker the router refused is not kept")
+	_, err = d.svc.AddWorkerVia(wa, d.svc.Feed().AddWorker)
+	require.NoError(t, err)
+	code, _ = get(t, d.base+"/readyz")
+	require.Equal(t, 200, code)
+	code, _, body = d.complete(t, 1)
+	require.Equal(t, 200, code, body)
+	to, _ := d.routedTo(t, body, "engine-a")
+	require.Equal(t, "engine-a", to, "routed by its own name, not its address")
 }

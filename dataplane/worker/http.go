@@ -22,7 +22,10 @@ import (
 // HTTPOptions configure an OpenAI-compatible engine (vLLM's API server).
 type HTTPOptions struct {
 	BaseURL string // http://host:port
-	Model   string // the engine's model name ("" : the first of its /v1/models)
+	// Name is the router's name for the worker (its KV events and announcements use it).
+	// Default: BaseURL.
+	Name  string
+	Model string // the engine's model name ("" : the first of its /v1/models)
 	// Label names the worker in what clients read (502 messages): "worker 2", never its address.
 	// Default "worker".
 	Label string
@@ -50,6 +53,9 @@ func NewHTTP(opts HTTPOptions) (*HTTP, error) {
 		return nil, fmt.Errorf("worker: base URL %q (want http://host:port)", opts.BaseURL)
 	}
 	opts.BaseURL = strings.TrimRight(opts.BaseURL, "/")
+	if opts.Name == "" {
+		opts.Name = opts.BaseURL
+	}
 	if opts.Label == "" {
 		opts.Label = "worker"
 	}
@@ -71,7 +77,7 @@ func NewHTTP(opts HTTPOptions) (*HTTP, error) {
 	return &HTTP{opts: opts, client: &http.Client{Transport: tr}}, nil
 }
 
-func (h *HTTP) Name() string  { return h.opts.BaseURL }
+func (h *HTTP) Name() string  { return h.opts.Name }
 func (h *HTTP) Label() string { return h.opts.Label }
 
 func (h *HTTP) Close() error {

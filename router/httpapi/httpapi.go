@@ -30,7 +30,9 @@ import (
 //	GET  /v1/workers    every worker's cached blocks, active blocks, prefill tokens, health
 //	GET  /debug/route   the last routing decision, or ?request_id= one of the last 256:
 //	                    {"request_id", "decision"}, as the daemon's /debug/route
+//	GET  /v1/fleet      the announced workers (SetFleet), 404 without a fleet
 //	GET  /healthz, GET /metrics
+//	GET  /readyz        200 once the index is as current as its source (SetReady), else 503
 
 // RouteRequest is the body of POST /v1/route.
 type RouteRequest struct {
@@ -87,7 +89,18 @@ type Handler struct {
 
 	log    *slog.Logger // nil: decisions are not logged
 	recent *router.DecisionLog
+
+	ready func() error // nil: always ready
+	fleet func() any   // nil: no /v1/fleet
 }
+
+// SetReady makes /readyz answer 503 with ready's error until it returns nil (a router
+// replaying the KV-event stream is not ready until it has caught up). Call it before serving.
+func (h *Handler) SetReady(ready func() error) { h.ready = ready }
+
+// SetFleet serves GET /v1/fleet: what fleet returns, as JSON (the announced workers). Call it
+// before serving.
+func (h *Handler) SetFleet(fleet func() any) { h.fleet = fleet }
 
 // NewHandler builds the handler and registers its own request metrics on reg.
 func NewHandler(r *router.Router, reg *prometheus.Registry) *Handler {
@@ -185,6 +198,20 @@ func (h *Handler) Handle(ctx *fasthttp.RequestCtx) {
 		route = "/healthz"
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString("ok\n")
+	case path == "/readyz":
+		route = "/readyz"
+		ctx.SetContentType("text/plain; charset=utf-8")
+		if h.ready != nil {
+			if err := h.ready(); err != nil {
+				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+				ctx.SetBodyString("not ready: " + err.Error() + "\n")
+				break
+			}
+		}
+		ctx.SetBodyString("ok\n")
+	case path == "/v1/fleet" && h.fleet != nil:
+		route = "/v1/fleet"
+		writeJSON(ctx, fasthttp.StatusOK, h.fleet())
 	case path == "/metrics":
 		route = "/metrics"
 		h.metrics(ctx)

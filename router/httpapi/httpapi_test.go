@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,6 +100,26 @@ func TestHTTPAPI(t *testing.T) {
 	bad("GET", "/v1/route", ``, 405, "takes POST")
 	bad("POST", "/v1/lifecycle", `{"request_id": "x", "event": "explode"}`, 400, "want first_token")
 	bad("GET", "/nowhere", ``, 404, "no endpoint")
+	bad("GET", "/v1/fleet", ``, 404, "no endpoint")
+	code, out = call("GET", "/readyz", "")
+	require.Equal(t, 200, code, out)
+	// A router still replaying its events is not ready; a fleet's workers are listed.
+	var replaying atomic.Bool
+	replaying.Store(true)
+	h.SetReady(func() error {
+		if replaying.Load() {
+			return fmt.Errorf("replaying: 10 of 20")
+		}
+		return nil
+	})
+	h.SetFleet(func() any { return []map[string]string{{"name": "w1"}} })
+	bad("GET", "/readyz", ``, 503, "not ready: replaying: 10 of 20")
+	replaying.Store(false)
+	code, _ = call("GET", "/readyz", "")
+	require.Equal(t, 200, code)
+	code, out = call("GET", "/v1/fleet", "")
+	require.Equal(t, 200, code)
+	require.JSONEq(t, `[{"name": "w1"}]`, out)
 
 	code, out = call("GET", "/v1/workers", "")
 	require.Equal(t, 200, code)

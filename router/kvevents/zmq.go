@@ -49,6 +49,17 @@ func (e *ErrBadFrames) Error() string {
 // them (a drop shows up as a gap). It returns ctx.Err() when ctx ends, or the first error
 // dialling or from engineFor.
 func SubscribeZMQ(ctx context.Context, opts ZMQOptions, stats *Stats, engineFor func(rank int) (*Engine, error)) error {
+	return SubscribeZMQTo(ctx, opts, stats, func(rank int) (Sink, error) { return engineFor(rank) })
+}
+
+// Sink takes one publisher's batches in the order they come, as Engine.Live does (a Relay
+// forwards them instead of indexing them).
+type Sink interface {
+	Live(seq uint64, payload []byte, replay Replayer)
+}
+
+// SubscribeZMQTo is SubscribeZMQ for any Sink: sinkFor is called once per rank seen.
+func SubscribeZMQTo(ctx context.Context, opts ZMQOptions, stats *Stats, sinkFor func(rank int) (Sink, error)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(opts.RedialEvery), zmq4.WithDialerMaxRetries(-1),
@@ -85,7 +96,7 @@ func SubscribeZMQ(ctx context.Context, opts ZMQOptions, stats *Stats, engineFor 
 			return ReplayZMQ(ctx, opts.Replay, opts.ReplayTimeout, from, deliver)
 		}
 	}
-	engines := map[int]*Engine{}
+	engines := map[int]Sink{}
 	badFrames := 0
 	for m := range live {
 		seq, payload, err := parseEventFrames(m.Frames, false)
@@ -100,7 +111,7 @@ func SubscribeZMQ(ctx context.Context, opts ZMQOptions, stats *Stats, engineFor 
 		rank := peekDPRank(payload)
 		e := engines[rank]
 		if e == nil {
-			if e, err = engineFor(rank); err != nil {
+			if e, err = sinkFor(rank); err != nil {
 				return err
 			}
 			engines[rank] = e

@@ -1,0 +1,130 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"dataplane/dataplane/worker"
+)
+
+// routed sends a run through standalone routers (Options.Routers, `dataplane router`): each
+// request asks a router, round-robin, where to go (POST /v1/route with a request id, so the
+// router tracks it), goes to that worker's endpoint as the router's fleet announces it (GET
+// /v1/fleet, read again when a worker is new), and reports its first token and its end there
+// (POST /v1/lifecycle). Request ids are the run's: "loadgen-<run>-<i>".
+type routed struct {
+	client  *http.Client
+	routers []string
+	run     string
+	next    atomic.Uint64
+
+	mu        sync.Mutex
+	endpoints map[string]string // worker name → base URL
+}
+
+func newRouted(client *http.Client, routers []string, run string) *routed {
+	return &routed{client: client, routers: routers, run: run, endpoints: map[string]string{}}
+}
+
+// route asks a router for the request's worker and returns the router, the worker's base URL
+// and the request id.
+func (r *routed) route(ctx context.Context, i int, toks []int32, spans []worker.MediaSpan) (router, endpoint, id string, err error) {
+	router = r.routers[int(r.next.Add(1)-1)%len(r.routers)]
+	id = "loadgen-" + r.run + "-" + strconv.Itoa(i)
+	media := make([]map[string]any, 0, len(spans))
+	for _, m := range spans {
+		media = append(media, map[string]any{"id": m.ID, "offset": m.Start, "length": m.End - m.Start})
+	}
+	var d struct {
+		Worker string `json:"worker"`
+	}
+	if err := r.post(ctx, router+"/v1/route", map[string]any{"token_ids": toks, "media": media, "request_id": id}, &d); err != nil {
+		return router, "", id, err
+	}
+	if endpoint, err = r.endpoint(ctx, router, d.Worker); err != nil {
+		r.lifecycle(router, id, "cancel")
+	}
+	return router, endpoint, id, err
+}
+
+// endpoint is a worker's base URL, from the router's fleet.
+func (r *routed) endpoint(ctx context.Context, router, name string) (string, error) {
+	r.mu.Lock()
+	ep, ok := r.endpoints[name]
+	r.mu.Unlock()
+	if ok {
+		return ep, nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, router+"/v1/fleet", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var workers []struct {
+		Name     string `json:"name"`
+		Endpoint string `json:"endpoint"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s/v1/fleet: %s", router, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&workers); err != nil {
+		return "", fmt.Errorf("GET %s/v1/fleet: %w", router, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range workers {
+		if w.Endpoint != "" {
+			r.endpoints[w.Name] = strings.TrimRight(w.Endpoint, "/")
+		}
+	}
+	if ep, ok = r.endpoints[name]; !ok {
+		return "", fmt.Errorf("router %s routed to %q, which its fleet does not list with an endpoint", router, name)
+	}
+	return ep, nil
+}
+
+// lifecycle reports a request's first token or end to the router that routed it; a failure
+// only costs the router an entry until its request TTL.
+func (r *routed) lifecycle(router, id, event string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = r.post(ctx, router+"/v1/lifecycle", map[string]string{"request_id": id, "event": event}, nil)
+}
+
+func (r *routed) post(ctx context.Context, url string, body, out any) error {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(raw))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST %s: %s: %s", url, resp.Status, bytes.TrimSpace(msg))
+	}
+	if out != nil {
+		return json.Unmarshal(msg, out)
+	}
+	return nil
+}
