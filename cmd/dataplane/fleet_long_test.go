@@ -274,6 +274,13 @@ func TestLongFleet(t *testing.T) {
 	for _, a := range []string{addrA, addrB} {
 		require.Eventually(t, func() bool { return len(routedNames(a)) == 6 }, 5*time.Second, 20*time.Millisecond, "%s finds the 6 engines", a)
 	}
+	// A daemon routing to the fleet (serve --workers fleet) follows the same stream and leases.
+	daemon := startProc(t, "serve", bin, "serve", "--workers", "fleet", "--nats", natsURL, "--listen", "127.0.0.1:0",
+		"--memory-bytes", "2GiB", "--log-level", "info")
+	serveAddr := daemon.waitLog(t, `msg="dataplane starting".* listen=(127\.0\.0\.1:\d+)`, 20*time.Second)[1]
+	serveMetric := func(name string) string { return metricValue(t, "http://"+serveAddr+"/metrics", name) }
+	require.Eventually(t, func() bool { return serveMetric("dataplane_router_fleet_workers") == "6" }, 20*time.Second, 20*time.Millisecond,
+		"serve finds the 6 engines")
 
 	// Traffic through both replicas; replica B killed (-9) a third of the way and started again.
 	trace := filepath.Join(work, "trace.jsonl")
@@ -327,9 +334,12 @@ func TestLongFleet(t *testing.T) {
 			return true
 		}, lease+time.Second, 10*time.Millisecond, "%s drops the x- engines within the lease", a)
 	}
-	t.Logf("x- engines left both replicas %v after the kill (lease %v)", time.Since(killed), lease)
-	require.Equal(t, metricValue(t, "http://"+addrA+"/metrics", "dataplane_router_index_blocks"),
-		metricValue(t, "http://"+addrB+"/metrics", "dataplane_router_index_blocks"))
+	require.Eventually(t, func() bool { return serveMetric("dataplane_router_fleet_workers") == "3" }, lease+time.Second, 10*time.Millisecond,
+		"serve drops the x- engines within the lease")
+	t.Logf("x- engines left both replicas and serve %v after the kill (lease %v)", time.Since(killed), lease)
+	blocks := metricValue(t, "http://"+addrA+"/metrics", "dataplane_router_index_blocks")
+	require.Equal(t, blocks, metricValue(t, "http://"+addrB+"/metrics", "dataplane_router_index_blocks"))
+	require.Equal(t, blocks, serveMetric("dataplane_router_index_blocks"), "serve's index holds what the routers' do")
 
 	// NATS restarted, with traffic going on: the stream keeps what it had and gets what was
 	// published meanwhile; both replicas reconnect and agree.
