@@ -30,12 +30,16 @@ type Options struct {
 	// older, the router's own counts alone do. 3s: a fleet's workers report at least every
 	// second (router/fleet).
 	LoadReportTTL time.Duration
+	// Disagg configures the two-step decisions of a disaggregated fleet (disagg.go): topology
+	// filter and soft transfer cost.
+	Disagg DisaggOptions
 }
 
 // DefaultOptions are the defaults above.
 func DefaultOptions() Options {
 	return Options{BlockSize: 16, OverlapWeight: 1, Index: index.DefaultOptions(),
-		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, PrefillSecondsPerToken: 15e-6, LoadReportTTL: 3 * time.Second}
+		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, PrefillSecondsPerToken: 15e-6, LoadReportTTL: 3 * time.Second,
+		Disagg: DefaultDisaggOptions()}
 }
 
 // Router ties the pieces together: the cache index (fed by KV events: package kvevents), the
@@ -54,12 +58,14 @@ type Router struct {
 
 	decisions atomic.Int64
 	hashers   sync.Pool
+	disagg    disaggState
 }
 
 type worker struct {
 	name    string
 	slot    index.Worker
 	healthy atomic.Bool
+	info    atomic.Pointer[WorkerInfo] // role and topology (SetWorkerInfo); nil: aggregated, no labels
 }
 
 // ErrUnknownWorker names a worker the router does not have.
@@ -84,6 +90,9 @@ func New(opts Options) (*Router, error) {
 	}
 	if !(opts.PrefillSecondsPerToken > 0) {
 		return nil, fmt.Errorf("router options: prefill seconds per token %v must be positive", opts.PrefillSecondsPerToken)
+	}
+	if err := opts.Disagg.check(); err != nil {
+		return nil, err
 	}
 	ix, err := index.New(opts.Index)
 	if err != nil {
@@ -144,6 +153,7 @@ func (r *Router) RemoveWorker(name string) error {
 	}
 	next := slices.Delete(slices.Clone(old), i, i+1)
 	r.workers.Store(&next)
+	r.forgetInfo(old[i])
 	r.slots.ForgetWorker(old[i].slot)
 	r.ix.RemoveWorker(old[i].slot)
 	return nil
@@ -229,6 +239,12 @@ type Decision struct {
 	Tokens int           `json:"tokens"`
 	Hashes []uint64      `json:"-"` // the prompt's sequence hashes, for Start
 	Scores []WorkerScore `json:"scores"`
+	// A disaggregated decision (DecideDisagg) also names the prefill worker; Worker and Decode
+	// are then the decode worker, Scores the decode step's, PrefillScores the prefill step's.
+	Prefill       string          `json:"prefill,omitempty"`
+	Decode        string          `json:"decode,omitempty"`
+	PrefillScores []WorkerScore   `json:"prefill_scores,omitempty"`
+	Topology      *TopologyChoice `json:"topology,omitempty"`
 }
 
 // Score is the named worker's line in the explanation, or nil.
@@ -293,6 +309,8 @@ func (r *Router) Decide(req Request, d *Decision) error {
 			s.Excluded = "unhealthy"
 		case len(req.Allow) > 0 && !slices.Contains(req.Allow, w.name):
 			s.Excluded = "not in allow-list"
+		case w.prefillOnly():
+			s.Excluded = excludedPrefillOnly
 		default:
 			s.Eligible = true
 		}
@@ -319,6 +337,9 @@ func (r *Router) Start(id string, d Decision, workerName string, now time.Time) 
 	if w == nil {
 		return &ErrUnknownWorker{Name: workerName}
 	}
+	if d.Prefill != "" {
+		return r.startDisagg(id, d, w, now)
+	}
 	uncached := d.Tokens
 	if s := d.Score(workerName); s != nil {
 		uncached = s.Uncached
@@ -326,11 +347,19 @@ func (r *Router) Start(id string, d Decision, workerName string, now time.Time) 
 	return r.slots.Start(id, w.slot, d.Hashes, d.Tokens, uncached, now)
 }
 
-// FirstToken, Finish: the rest of the lifecycle (Finish also serves cancellation).
-func (r *Router) FirstToken(id string) { r.slots.FirstToken(id) }
+// FirstToken, Finish: the rest of the lifecycle (Finish also serves cancellation); either ends
+// a disaggregated request's prefill step too (PrefillDone).
+func (r *Router) FirstToken(id string) {
+	r.slots.FirstToken(id)
+	r.PrefillDone(id)
+}
 
 // Finish records the end of a request; false if it was not tracked (finished or expired).
-func (r *Router) Finish(id string) bool { return r.slots.Finish(id) }
+func (r *Router) Finish(id string) bool {
+	ok := r.slots.Finish(id)
+	r.PrefillDone(id)
+	return ok
+}
 
 // Expire drops requests older than the TTL; call it now and then (the standalone router does
 // every TTL/10).

@@ -22,7 +22,7 @@ import (
 type WorkerScore struct {
 	Worker   string `json:"worker"`
 	Eligible bool   `json:"eligible"`
-	Excluded string `json:"excluded,omitempty"` // why not eligible: "unhealthy", "not in allow-list"
+	Excluded string `json:"excluded,omitempty"` // why not eligible: "unhealthy", "not in allow-list", a role, a topology rule
 
 	Overlap       int     `json:"overlap_blocks"`          // leading prompt blocks cached on the device tier
 	OverlapAny    int     `json:"overlap_any_blocks"`      // ... on any tracked tier
@@ -35,7 +35,13 @@ type WorkerScore struct {
 	DecodeBlocks  float64 `json:"decode_blocks"`           // ActiveBlocks + NewBlocks
 	EncodeWait    float64 `json:"encode_wait,omitempty"`   // Request.ReadyIn beyond the prefill backlog, blocks
 	Transfer      float64 `json:"transfer,omitempty"`      // Request.Transfer, blocks
-	Cost          float64 `json:"cost"`
+	// A disaggregated decision's (disagg.go): the worker's domain at the topology level, and on
+	// a decode worker the KV cache's move from the prefill worker (the soft cost's term, blocks)
+	// and the level that move crosses ("local": none of the QoS table's).
+	Domain     string  `json:"domain,omitempty"`
+	KVTransfer float64 `json:"kv_transfer,omitempty"`
+	Link       string  `json:"link,omitempty"`
+	Cost       float64 `json:"cost"`
 	Probability   float64 `json:"probability"` // of being chosen (1 for the argmin at T = 0)
 }
 
