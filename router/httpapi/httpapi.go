@@ -25,8 +25,10 @@ import (
 //
 //	POST /v1/route      {"token_ids": [...], "media": [...], "salt", "lora", "allow": [...], "request_id"}
 //	                    → {"worker", "blocks", "tokens", "scores": [per worker: overlap, load, cost, ...]}
-//	                    With a request_id the request is tracked against the chosen worker until
-//	POST /v1/lifecycle  {"request_id", "event": "first_token" | "finish" | "cancel"}
+//	                    and, for a disaggregated fleet, "prefill", "decode" (= "worker"),
+//	                    "prefill_scores", "topology" (router/disagg.go).
+//	                    With a request_id the request is tracked against the chosen worker(s) until
+//	POST /v1/lifecycle  {"request_id", "event": "prefill_done" | "first_token" | "finish" | "cancel"}
 //	GET  /v1/workers    every worker's cached blocks, active blocks, prefill tokens, health
 //	GET  /debug/route   the last routing decision, or ?request_id= one of the last 256:
 //	                    {"request_id", "decision"}, as the daemon's /debug/route
@@ -158,7 +160,13 @@ func (h *Handler) logDecision(id string, d *router.Decision, err error) {
 		return
 	}
 	if err != nil {
-		h.log.Debug("route failed", "request_id", id, "tokens", d.Tokens, "err", err, "scores", CompactScores(d.Scores))
+		h.log.Debug("route failed", "request_id", id, "tokens", d.Tokens, "err", err, "scores", CompactScores(d.Scores),
+			"prefill_scores", CompactScores(d.PrefillScores))
+		return
+	}
+	if d.Prefill != "" {
+		h.log.Debug("route", "request_id", id, "prefill", d.Prefill, "decode", d.Decode, "blocks", d.Blocks, "tokens", d.Tokens,
+			"prefill_scores", CompactScores(d.PrefillScores), "decode_scores", CompactScores(d.Scores))
 		return
 	}
 	h.log.Debug("route", "request_id", id, "worker", d.Worker, "blocks", d.Blocks, "tokens", d.Tokens,
@@ -234,6 +242,10 @@ func (h *Handler) route(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "token_ids: empty")
 		return
 	}
+	if strings.IndexByte(req.RequestID, 0) >= 0 {
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "request_id: contains a NUL character")
+		return
+	}
 	media := make([]router.Media, 0, len(req.Media))
 	for i, m := range req.Media {
 		mm, err := m.toMedia(i)
@@ -244,10 +256,11 @@ func (h *Handler) route(ctx *fasthttp.RequestCtx) {
 		media = append(media, mm)
 	}
 	var d router.Decision
-	err := h.r.Decide(router.Request{Tokens: req.TokenIDs, Media: media, LoRA: req.LoRA, Salt: req.Salt, Allow: req.Allow}, &d)
+	err := h.r.Route(router.Request{Tokens: req.TokenIDs, Media: media, LoRA: req.LoRA, Salt: req.Salt, Allow: req.Allow}, &d)
 	h.logDecision(req.RequestID, &d, err)
 	var bad *router.ErrBadMedia
 	var none *router.ErrNoWorker
+	var mismatch *router.ErrNoDecodeInDomain
 	switch {
 	case errors.As(err, &bad):
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
@@ -255,9 +268,16 @@ func (h *Handler) route(ctx *fasthttp.RequestCtx) {
 	case errors.As(err, &none):
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "no_worker", err.Error())
 		return
+	case errors.As(err, &mismatch): // seed 004's fail policy: the client learns which domain
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "no_worker_in_domain", err.Error())
+		return
 	case err != nil:
 		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", err.Error())
 		return
+	}
+	if d.Topology != nil && d.Topology.Fallback && h.log != nil {
+		h.log.Warn("no decode worker in the prefill worker's domain: routed to another (mismatch policy fallback)",
+			"request_id", req.RequestID, "level", d.Topology.Level, "domain", d.Topology.Domain, "prefill", d.Prefill, "decode", d.Decode)
 	}
 	if req.RequestID != "" {
 		if err := h.r.Start(req.RequestID, d, d.Worker, h.now()); err != nil {
@@ -276,6 +296,8 @@ func (h *Handler) lifecycle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	switch req.Event {
+	case "prefill_done": // a disaggregated request's prefill worker answered
+		h.r.PrefillDone(req.RequestID)
 	case "first_token":
 		h.r.FirstToken(req.RequestID)
 	case "finish", "cancel":
@@ -285,7 +307,7 @@ func (h *Handler) lifecycle(ctx *fasthttp.RequestCtx) {
 		}
 	default:
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error",
-			"event "+strconv.Quote(req.Event)+": want first_token, finish or cancel")
+			"event "+strconv.Quote(req.Event)+": want prefill_done, first_token, finish or cancel")
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]string{"request_id": req.RequestID, "event": req.Event})

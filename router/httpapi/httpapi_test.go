@@ -19,6 +19,7 @@ import (
 	"dataplane/router"
 	"dataplane/router/index"
 	"dataplane/router/internal/testrand"
+	"dataplane/router/topology"
 )
 
 // twoWorkers is a router with workers w1 and w2, and their index slots.
@@ -98,7 +99,7 @@ func TestHTTPAPI(t *testing.T) {
 	bad("POST", "/v1/route", `{"token_ids": [1], "media": [{"id": "x", "offset": 0, "length": 9}]}`, 400, "media item 0")
 	bad("POST", "/v1/route", `{"token_ids": [1], "allow": ["w9"]}`, 503, "no eligible worker")
 	bad("GET", "/v1/route", ``, 405, "takes POST")
-	bad("POST", "/v1/lifecycle", `{"request_id": "x", "event": "explode"}`, 400, "want first_token")
+	bad("POST", "/v1/lifecycle", `{"request_id": "x", "event": "explode"}`, 400, "want prefill_done, first_token")
 	bad("GET", "/nowhere", ``, 404, "no endpoint")
 	bad("GET", "/v1/fleet", ``, 404, "no endpoint")
 	code, out = call("GET", "/readyz", "")
@@ -188,4 +189,61 @@ func TestHTTPDebugRouteAndLog(t *testing.T) {
 
 	require.Contains(t, logs.String(), "request_id=a worker=w1")
 	require.Contains(t, logs.String(), "w1[ov=3 ")
+}
+
+// A disaggregated fleet's answer names both workers; a fail mismatch is a 503 naming the
+// domain; a fallback is logged as a warning; prefill_done ends the prefill step.
+func TestHTTPAPIDisaggregated(t *testing.T) {
+	for _, policy := range []string{"fail", "fallback"} {
+		opts := router.DefaultOptions()
+		opts.Disagg.Level, opts.Disagg.Policy = "zone", topology.Policy(policy)
+		r, err := router.New(opts)
+		require.NoError(t, err)
+		for _, w := range []struct{ name, role, zone string }{{"p0", "prefill", "z0"}, {"p1", "prefill", "z1"}, {"d0", "decode", "z0"}} {
+			_, err := r.AddWorker(w.name)
+			require.NoError(t, err)
+			require.NoError(t, r.SetWorkerInfo(w.name, router.WorkerInfo{Role: router.Role(w.role), Labels: map[string]string{"zone": w.zone}}))
+		}
+		var logs bytes.Buffer
+		h := NewHandler(r, prometheus.NewRegistry())
+		h.SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+		post := func(path, body string) (int, string) {
+			t.Helper()
+			ctx := &fasthttp.RequestCtx{}
+			ctx.Request.Header.SetMethod("POST")
+			ctx.Request.SetRequestURI(path)
+			ctx.Request.SetBodyString(body)
+			h.Handle(ctx)
+			return ctx.Response.StatusCode(), string(ctx.Response.Body())
+		}
+		code, out := post("/v1/route", `{"token_ids": [1, 2, 3], "request_id": "a"}`)
+		require.Equal(t, 200, code, out)
+		var d router.Decision
+		require.NoError(t, json.Unmarshal([]byte(out), &d))
+		require.Equal(t, [3]string{"p0", "d0", "d0"}, [3]string{d.Prefill, d.Decode, d.Worker}, out)
+		require.Len(t, d.PrefillScores, 2)
+		code, out = post("/v1/lifecycle", `{"request_id": "a", "event": "prefill_done"}`)
+		require.Equal(t, 200, code, out)
+		_, _, q := r.Slots().Load(0) // p0
+		require.Zero(t, q)
+		code, _ = post("/v1/lifecycle", `{"request_id": "a", "event": "finish"}`)
+		require.Equal(t, 200, code)
+
+		// Only p1 (zone z1, no decode worker there) left healthy.
+		require.NoError(t, r.SetHealthy("p0", false))
+		code, out = post("/v1/route", `{"token_ids": [1, 2, 3], "request_id": "b"}`)
+		if policy == "fail" {
+			require.Equal(t, 503, code, out)
+			require.Contains(t, out, `no decode worker in zone \"z1\"`)
+			require.Contains(t, out, "no_worker_in_domain")
+			continue
+		}
+		require.Equal(t, 200, code, out)
+		require.Contains(t, out, `"fallback":true`)
+		require.Contains(t, logs.String(), "level=WARN")
+		require.Contains(t, logs.String(), "domain=z1")
+
+		code, out = post("/v1/route", "{\"token_ids\": [1], \"request_id\": \"x\\u0000y\"}")
+		require.Equal(t, 400, code, out)
+	}
 }
