@@ -38,11 +38,11 @@ type WorkerScore struct {
 	// A disaggregated decision's (disagg.go): the worker's domain at the topology level, and on
 	// a decode worker the KV cache's move from the prefill worker (the soft cost's term, blocks)
 	// and the level that move crosses ("local": none of the QoS table's).
-	Domain     string  `json:"domain,omitempty"`
-	KVTransfer float64 `json:"kv_transfer,omitempty"`
-	Link       string  `json:"link,omitempty"`
-	Cost       float64 `json:"cost"`
-	Probability   float64 `json:"probability"` // of being chosen (1 for the argmin at T = 0)
+	Domain      string  `json:"domain,omitempty"`
+	KVTransfer  float64 `json:"kv_transfer,omitempty"`
+	Link        string  `json:"link,omitempty"`
+	Cost        float64 `json:"cost"`
+	Probability float64 `json:"probability"` // of being chosen (1 for the argmin at T = 0)
 }
 
 // Choose picks a worker among the eligible scores and fills in their probabilities: the
