@@ -13,8 +13,9 @@ import (
 )
 
 // Configuration comes from three places, in this precedence: command-line flags, then
-// environment variables (DATAPLANE_ + the flag name in upper case with - as _), then a YAML
-// file (--config / $DATAPLANE_CONFIG; keys are the flag names), then the built-in defaults.
+// environment variables (DATAPLANE_ + the flag name in upper case with - as _; then, for the
+// few settings Dynamo's deployments set, its name: envAliases), then a YAML file (--config /
+// $DATAPLANE_CONFIG; keys are the flag names), then the built-in defaults.
 // Every setting is a flag, so `-h` documents all of them; this is the one place that reads
 // the environment.
 
@@ -39,9 +40,15 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) err
 		if given[f.Name] {
 			return
 		}
-		if v, ok := lookupEnv(getenv, envName(f.Name)); ok {
+		name := envName(f.Name)
+		v, ok := lookupEnv(getenv, name)
+		if alias := envAliases[f.Name]; !ok && alias != "" {
+			name = alias
+			v, ok = lookupEnv(getenv, alias)
+		}
+		if ok {
 			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, fmt.Errorf("$%s=%q: %v", envName(f.Name), v, err))
+				errs = append(errs, fmt.Errorf("$%s=%q: %v", name, v, err))
 			}
 			fromEnv[f.Name] = true
 		}
@@ -126,6 +133,16 @@ func yamlScalar(n *yaml.Node) (string, error) {
 		return strings.Join(parts, ","), nil
 	}
 	return "", fmt.Errorf("want a value or a list of values")
+}
+
+// envAliases are the environment variables of Dynamo's topology-aware KV transfer (seed 004),
+// by the flag they set where DATAPLANE_ + the flag's name is not given.
+var envAliases = map[string]string{
+	"topology":                    "DYN_TOPOLOGY_ENABLED",
+	"topology-dir":                "DYN_TOPOLOGY_MOUNT_PATH",
+	"topology-level":              "DYN_TOPOLOGY_DOMAIN",
+	"kv-transfer-topology-level":  "DYN_ROUTER_KV_TRANSFER_TOPOLOGY_LEVEL",
+	"kv-transfer-mismatch-policy": "DYN_ROUTER_KV_TRANSFER_MISMATCH_POLICY",
 }
 
 func lookupEnv(getenv func(string) string, name string) (string, bool) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -151,6 +152,7 @@ func (rf *routerFleet) Join(w fleet.Worker) {
 	}
 	rf.registered[w.Name] = -1
 	rf.count.Store(int64(len(rf.registered)))
+	rf.setInfo(w)
 	rf.setCapacity(w)
 	rf.log.Info("worker joined", "worker", w.Name, "model", w.Model, "role", w.Role, "endpoint", w.Endpoint,
 		"kv_blocks", w.KVBlocks, "labels", w.Labels)
@@ -164,7 +166,20 @@ func (rf *routerFleet) Update(w fleet.Worker) {
 		}
 		return
 	}
+	rf.setInfo(w)
 	rf.setCapacity(w)
+}
+
+// setInfo gives the router the worker's role and topology labels (disaggregated routing) when
+// they changed.
+func (rf *routerFleet) setInfo(w fleet.Worker) {
+	info := workerInfo(w)
+	if old := rf.r.WorkerInfo(w.Name); old.Role == info.Role && maps.Equal(old.Labels, info.Labels) {
+		return
+	}
+	if err := rf.r.SetWorkerInfo(w.Name, info); err != nil {
+		rf.log.Warn("worker info", "worker", w.Name, "err", err)
+	}
 }
 
 func (rf *routerFleet) setCapacity(w fleet.Worker) {

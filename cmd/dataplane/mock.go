@@ -37,7 +37,8 @@ type mockConfig struct {
 	streamPub  *kvevents.StreamPublisher
 	model      string            // announced model
 	role       string            // announced role
-	labels     map[string]string // announced labels
+	labels     map[string]string // announced labels: --labels and the topology files
+	topo       workerTopology
 	advertise  string            // announced base URL ("": from --listen)
 	profile    string
 	statsEvery time.Duration
@@ -111,7 +112,7 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.advertise, "advertise", "", "with -kv-events nats: the base URL announced for the engines (default: http:// and the --listen address)")
 	fs.StringVar(&c.model, "model", "mock", "with -kv-events nats: the model announced")
 	fs.StringVar(&c.role, "role", "aggregated", "with -kv-events nats: the role announced (aggregated, prefill, decode)")
-	labels := fs.String("labels", "", "with -kv-events nats: topology labels announced, key=value,...")
+	workerTopologyFlags(fs, &c.topo)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("config", "", "YAML file of settings (keys are these flag names)")
 	if err := loadConfig(fs, args, os.Getenv); err != nil {
@@ -125,8 +126,7 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "mock: -log-level: %v\n", err)
 		return errUsage
 	}
-	var err error
-	if c.labels, err = parseLabels(*labels); err != nil {
+	if _, err := parseLabels(c.topo.flagsLabels); err != nil {
 		fmt.Fprintf(stderr, "mock: --labels: %v\n", err)
 		return errUsage
 	}
@@ -135,6 +135,10 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 		return errUsage
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
+	var err error
+	if c.labels, err = c.topo.labels(ctx, log); err != nil {
+		return err
+	}
 	fleet, cleanup, err := buildFleet(c, log)
 	if err != nil {
 		return err

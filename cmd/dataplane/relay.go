@@ -47,7 +47,8 @@ Flags:
 type relayConfig struct {
 	events, replay, name, endpoint string
 	model, role                    string
-	labels                         map[string]string
+	labels                         map[string]string // resolved at start: --labels and the topology files
+	topo                           workerTopology
 	kvBlocks                       int64
 	blockSize                      int
 	scrapeEvery                    time.Duration
@@ -70,7 +71,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayConfig, error) {
 	fs.StringVar(&c.endpoint, "endpoint", "", "the engine's HTTP base URL, announced, and where its /metrics are read (KV capacity, load)")
 	fs.StringVar(&c.model, "model", "", "the model announced")
 	fs.StringVar(&c.role, "role", "aggregated", "the role announced: aggregated, prefill or decode")
-	labels := fs.String("labels", "", "topology labels announced, key=value,...")
+	workerTopologyFlags(fs, &c.topo)
 	fs.Int64Var(&c.kvBlocks, "kv-blocks", 0, "the engine's KV cache size in blocks (0: learn it from its /metrics)")
 	fs.IntVar(&c.blockSize, "block-size", 16, "the engine's KV block size, announced")
 	fs.DurationVar(&c.scrapeEvery, "metrics-every", time.Second, "how often the engine's /metrics are read for its load")
@@ -103,10 +104,11 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayConfig, error) {
 	case c.nats.url == "none":
 		return usage("--nats none: a relay relays to NATS")
 	}
-	if c.labels, err = parseLabels(*labels); err != nil {
+	labels, err := parseLabels(c.topo.flagsLabels)
+	if err != nil {
 		return usage("--labels: %v", err)
 	}
-	w := fleet.Worker{Name: c.name, Role: fleet.Role(c.role), Labels: c.labels}
+	w := fleet.Worker{Name: c.name, Role: fleet.Role(c.role), Labels: labels}
 	if err := w.Check(); err != nil {
 		return usage("%v", err)
 	}
@@ -122,6 +124,9 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
+	if c.labels, err = c.topo.labels(ctx, log); err != nil {
+		return err
+	}
 	n, err := connectNATS(&c.nats, "dataplane-relay-"+c.name, log)
 	if err != nil {
 		return err

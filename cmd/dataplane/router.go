@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,7 @@ type routerConfig struct {
 	nats            natsConfig
 	roles           map[fleet.Role]bool // announced workers routed to
 	model           string              // "" : any
+	topo            routerTopology
 	maxBody         int
 	shutdownTimeout time.Duration
 	logLevel        slog.Level
@@ -61,14 +63,12 @@ func parseRouterFlags(args []string, stderr io.Writer) (*routerConfig, error) {
 	natsFlags(fs, &c.nats, "embedded")
 	roles := fs.String("roles", "aggregated,prefill,decode", "announced workers of these roles are routed to (aggregated, prefill, decode, encoder)")
 	fs.StringVar(&c.model, "model", "", "route only to announced workers serving this model (default: any)")
+	routerTopologyFlags(fs, &c.opts.Disagg, &c.topo)
 	fs.IntVar(&c.maxBody, "max-body-bytes", 16<<20, "larger request bodies get 413")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for requests in flight")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, errUsage
+	if err := loadConfig(fs, args, os.Getenv); err != nil {
+		return nil, configFailed("router", err, stderr)
 	}
 	usage := func(format string, a ...any) (*routerConfig, error) {
 		fmt.Fprintf(stderr, "router: "+format+"\n", a...)
@@ -103,8 +103,11 @@ func parseRouterFlags(args []string, stderr io.Writer) (*routerConfig, error) {
 	if err := c.nats.check(); err != nil {
 		return usage("%v", err)
 	}
-	if c.nats.url == "none" && len(c.events) == 0 {
-		return usage("no workers: give --kv-events endpoints, or NATS (--nats) to find the announced ones")
+	if err := c.topo.resolve(&c.opts.Disagg); err != nil {
+		return usage("%v", err)
+	}
+	if c.nats.url == "none" && len(c.events) == 0 && len(c.topo.static) == 0 {
+		return usage("no workers: give --kv-events endpoints, --worker-labels, or NATS (--nats) to find the announced ones")
 	}
 	c.roles = map[fleet.Role]bool{}
 	for _, r := range splitList(*roles) {
@@ -163,7 +166,10 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 		"max_workers", c.opts.Index.MaxWorkers, "capacity", c.opts.Capacity, "request_ttl", c.opts.RequestTTL,
 		"kv_events", c.events, "kv_replay", c.replays, "nats", c.nats.url, "kv_stream", c.nats.stream.Name,
 		"kv_max_age", c.nats.stream.MaxAge, "kv_max_bytes", c.nats.stream.MaxBytes, "fleet_bucket", c.nats.bucket.Bucket,
-		"lease", c.nats.bucket.Lease, "roles", rolesList(c.roles), "model", c.model)
+		"lease", c.nats.bucket.Lease, "roles", rolesList(c.roles), "model", c.model,
+		"kv_transfer_topology_level", c.opts.Disagg.Level, "kv_transfer_mismatch_policy", c.opts.Disagg.Policy,
+		"kv_transfer_qos", c.topo.qos, "kv_transfer_weight", c.opts.Disagg.TransferWeight, "kv_bytes_per_token", c.opts.Disagg.KVBytesPerToken,
+		"worker_labels", c.topo.workerLabels)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -207,6 +213,9 @@ func runRouter(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("worker", "name", name, "kv_events", ep, "replay", replay)
 	}
 
+	if err := addStaticWorkers(sf, c.topo.static, log); err != nil {
+		return err
+	}
 	var rf *routerFleet
 	if n != nil {
 		if rf, err = startRouterFleet(ctx, &wg, n, fleetRouting{nats: &c.nats, roles: c.roles, model: c.model}, sf, log); err != nil {

@@ -41,7 +41,8 @@ func init() {
 type serveFlags struct {
 	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay, adminListen, handoff string
 	nats                                                                           natsConfig
-	fleetName, advertise, labels, fleetModel                                       string
+	fleetName, advertise, fleetModel                                               string
+	topo                                                                           workerTopology
 	mockSpeedup                                                                    float64
 	maxBodyBytes                                                                   int64
 	firstByteTimeout                                                               time.Duration
@@ -113,7 +114,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	natsFlags(fs, &sf.nats, "embedded")
 	fs.StringVar(&sf.fleetName, "fleet-name", "", "this daemon's name in the fleet, where it is announced as an encoder (default: dataplane-HOST-PORT)")
 	fs.StringVar(&sf.advertise, "advertise", "", "the base URL announced for this daemon (default: http:// and the --listen address)")
-	fs.StringVar(&sf.labels, "labels", "", "topology labels announced, key=value,...")
+	workerTopologyFlags(fs, &sf.topo)
 	// Features and encoding.
 	so.Features.Host.Capacity = 0
 	fs.Var(bytesVar(&so.Features.Host.Capacity), "feature-bytes", "host memory for features and merged sequences, out of --memory-bytes (0: a quarter of it, at most 1GiB)")
@@ -174,8 +175,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := sf.nats.check(); err != nil {
 		return usageErr("%v", err)
 	}
-	labels, err := parseLabels(sf.labels)
-	if err != nil {
+	if _, err := parseLabels(sf.topo.flagsLabels); err != nil {
 		return usageErr("--labels: %v", err)
 	}
 	if sf.fleetName != "" && !fleet.ValidName(sf.fleetName) {
@@ -192,6 +192,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	opts.MaxBodyBytes = int(sf.maxBodyBytes)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	so.Log = log
+	labels, err := sf.topo.labels(ctx, log)
+	if err != nil {
+		return err
+	}
 	if err := planMemory(&so, log); err != nil {
 		return usageErr("%v", err)
 	}

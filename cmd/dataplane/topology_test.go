@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// topoWorker is a worker of a topology test fleet: its name, role and zone ("": no label).
+type topoWorker struct{ name, role, zone string }
+
+// topoWant is what a row expects under one policy: the two workers, or an error naming text.
+type topoWant struct {
+	prefill, decode string
+	fallback        bool
+	err             string
+}
+
+// topologyRows are seed 004's runtime table, a row each, with what each policy gives. Workers
+// are named so that an unaware choice (ties go to the smaller name; no load) differs from the
+// topology-aware one.
+var topologyRows = []struct {
+	name  string
+	level string
+	fleet []topoWorker
+	fail  topoWant
+	fb    topoWant // fallback
+}{
+	{"level unset: no filtering", "", []topoWorker{{"p0", "prefill", "z0"}, {"da", "decode", "z1"}, {"dz", "decode", "z0"}},
+		topoWant{prefill: "p0", decode: "da"}, topoWant{prefill: "p0", decode: "da"}},
+	{"decode filtered to the prefill worker's zone", "zone", []topoWorker{{"p0", "prefill", "z0"}, {"da", "decode", "z1"}, {"dz", "decode", "z0"}},
+		topoWant{prefill: "p0", decode: "dz"}, topoWant{prefill: "p0", decode: "dz"}},
+	{"no decode worker in the zone", "zone", []topoWorker{{"p0", "prefill", "z0"}, {"d1", "decode", "z1"}},
+		topoWant{err: `no decode worker in zone \"z0\"`}, topoWant{prefill: "p0", decode: "d1", fallback: true}},
+	{"unlabelled decode worker, one in the zone", "zone", []topoWorker{{"p0", "prefill", "z0"}, {"da", "decode", ""}, {"dz", "decode", "z0"}},
+		topoWant{prefill: "p0", decode: "dz"}, topoWant{prefill: "p0", decode: "dz"}},
+	{"unlabelled decode worker, none in the zone", "zone", []topoWorker{{"p0", "prefill", "z0"}, {"da", "decode", ""}, {"dz", "decode", "z1"}},
+		topoWant{err: `no decode worker in zone \"z0\"`}, topoWant{prefill: "p0", decode: "da", fallback: true}},
+	{"prefill workers with a decode worker in their zone first", "zone", []topoWorker{{"pa", "prefill", "z1"}, {"pz", "prefill", "z0"}, {"d0", "decode", "z0"}},
+		topoWant{prefill: "pz", decode: "d0"}, topoWant{prefill: "pz", decode: "d0"}},
+}
+
+// writeWorkerLabels writes a --worker-labels file of fleet, endpoint(i) for worker i.
+func writeWorkerLabels(t *testing.T, fleet []topoWorker, endpoint func(i int) string) string {
+	t.Helper()
+	var entries []map[string]any
+	for i, w := range fleet {
+		e := map[string]any{"name": w.name, "role": w.role, "endpoint": endpoint(i)}
+		if w.zone != "" {
+			e["topology"] = map[string]string{"zone": w.zone, "rack": w.zone + "-r0"}
+		}
+		entries = append(entries, e)
+	}
+	raw, err := json.Marshal(entries)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "workers.json")
+	require.NoError(t, os.WriteFile(path, raw, 0o644))
+	return path
+}
+
+// The standalone router's /v1/route, each row of the runtime table under both policies: the
+// answer names the prefill and the decode worker, a fail mismatch is a 503 naming the zone. The
+// level comes from the flag, or (last row) from Dynamo's environment variable.
+func TestRouterTopologyRows(t *testing.T) {
+	for i, row := range topologyRows {
+		for _, policy := range []string{"fail", "fallback"} {
+			t.Run(fmt.Sprintf("%s/%s", row.name, policy), func(t *testing.T) {
+				labels := writeWorkerLabels(t, row.fleet, func(i int) string { return fmt.Sprintf("http://127.0.0.1:1/w%d", i) })
+				args := []string{"router", "--listen", "127.0.0.1:0", "--nats", "none", "--worker-labels", labels}
+				if i == len(topologyRows)-1 {
+					t.Setenv("DYN_ROUTER_KV_TRANSFER_TOPOLOGY_LEVEL", row.level)
+					t.Setenv("DYN_ROUTER_KV_TRANSFER_MISMATCH_POLICY", policy)
+				} else {
+					args = append(args, "--kv-transfer-topology-level", row.level, "--kv-transfer-mismatch-policy", policy)
+				}
+				m, stop := startCommand(t, args, regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
+				defer stop()
+				want := row.fail
+				if policy == "fallback" {
+					want = row.fb
+				}
+				code, body := postRoute(t, "http://"+m[0][1], `{"token_ids": [1, 2, 3, 4, 5], "request_id": "r"}`)
+				checkTopologyAnswer(t, want, code, body)
+			})
+		}
+	}
+}
+
+func postRoute(t *testing.T, base, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(base+"/v1/route", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw)
+}
+
+// checkTopologyAnswer checks a decision (a 200 with its JSON) or an error against want.
+func checkTopologyAnswer(t *testing.T, want topoWant, code int, body string) {
+	t.Helper()
+	if want.err != "" {
+		require.Equal(t, 503, code, body)
+		require.Contains(t, body, want.err)
+		return
+	}
+	require.Equal(t, 200, code, body)
+	var d struct {
+		Worker, Prefill, Decode string
+		Topology                *struct{ Fallback bool }
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &d), body)
+	require.Equal(t, [3]string{want.prefill, want.decode, want.decode}, [3]string{d.Prefill, d.Decode, d.Worker}, body)
+	require.Equal(t, want.fallback, d.Topology != nil && d.Topology.Fallback, body)
+}
+
+// Bad topology settings stop the router with a usage error naming the flag.
+func TestRouterTopologyFlagErrors(t *testing.T) {
+	for _, c := range []struct{ args, want string }{
+		{"--kv-transfer-mismatch-policy prefer", "--kv-transfer-mismatch-policy"},
+		{"--kv-transfer-qos zone=1ms", "--kv-transfer-qos"},
+		{"--kv-transfer-qos @/nonexistent.json", "--kv-transfer-qos"},
+		{"--worker-labels /nonexistent.json", "--worker-labels"},
+	} {
+		var stderr strings.Builder
+		code := run(context.Background(), append([]string{"router", "--nats", "none", "--kv-events", "tcp://127.0.0.1:1"}, strings.Fields(c.args)...), io.Discard, &stderr)
+		require.Equal(t, 2, code, c.args)
+		require.Contains(t, stderr.String(), c.want, c.args)
+	}
+}
+
+// The worker side: with --topology the domains are read from the files and announced as
+// labels; a level whose file never appears stops the command after the wait; a label given
+// both ways with different values is an error.
+func TestWorkerTopologyLabels(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "zone"), []byte("us-east-1a\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "rack"), []byte("r12"), 0o644))
+	log := slog.New(slog.DiscardHandler)
+	wt := workerTopology{enabled: true, dir: dir, level: "zone", wait: time.Second, flagsLabels: "pool=a"}
+	labels, err := wt.labels(context.Background(), log)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"zone": "us-east-1a", "rack": "r12", "pool": "a"}, labels)
+
+	wt.flagsLabels = "zone=us-west-2b"
+	_, err = wt.labels(context.Background(), log)
+	require.ErrorContains(t, err, "--labels says zone=us-west-2b")
+
+	wt = workerTopology{enabled: false, dir: "/nonexistent", level: "zone", flagsLabels: "zone=z9"}
+	labels, err = wt.labels(context.Background(), log)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"zone": "z9"}, labels, "without --topology the files are not read")
+
+	// A mock fleet whose level's file is missing exits with an error after the wait, set by
+	// Dynamo's environment variables.
+	t.Setenv("DYN_TOPOLOGY_ENABLED", "true")
+	t.Setenv("DYN_TOPOLOGY_MOUNT_PATH", dir)
+	t.Setenv("DYN_TOPOLOGY_DOMAIN", "node")
+	var stderr strings.Builder
+	start := time.Now()
+	code := run(context.Background(), []string{"mock", "--listen", "127.0.0.1:0", "--topology-wait", "300ms"}, io.Discard, &stderr)
+	require.Equal(t, 1, code, stderr.String())
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	require.Contains(t, stderr.String(), `no "node" file`)
+}
