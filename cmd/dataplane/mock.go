@@ -39,7 +39,7 @@ type mockConfig struct {
 	role       string            // announced role
 	labels     map[string]string // announced labels: --labels and the topology files
 	topo       workerTopology
-	advertise  string            // announced base URL ("": from --listen)
+	advertise  string // announced base URL ("": from --listen)
 	profile    string
 	statsEvery time.Duration
 	logLevel   slog.Level
