@@ -74,6 +74,12 @@ type Request struct {
 	// Seed, when set, draws the request's tokens from a generator of its own seeded with it
 	// (the same seed, the same tokens, whatever else runs); else from the engine's.
 	Seed *int64
+	// RemotePrefill: the prompt's KV cache was computed by a prefill engine and arrives with the
+	// request (a disaggregated decode step, vLLM's do_remote_prefill): at its first admission
+	// every prompt token but the last counts as computed, its blocks stored without prefill
+	// time (vLLM's decode worker recomputes the last token to get its first output). After a
+	// preemption the engine recomputes the prompt itself, as vLLM does.
+	RemotePrefill bool
 	// Sink receives the request's outputs, in order, on the engine's loop goroutine; it must
 	// not block (hand off to a channel with room, or record and return).
 	Sink func(Output)
@@ -155,6 +161,7 @@ type EngineStats struct {
 	Steps, PrefillTokens, DecodeTokens int64
 	Requests, Finished, Aborted        int64
 	PromptTokens, CachedTokens         int64
+	RemoteTokens                       int64 // prompt tokens received computed (RemotePrefill)
 	Preemptions                        int64
 	Busy                               time.Duration // engine time spent in steps
 }
@@ -349,6 +356,11 @@ func (e *Engine) admit(s *seq) bool {
 	bs := e.opts.BlockSize
 	hit := e.kv.CachedPrefix(s.hashes)
 	hit = min(hit, (len(s.tokens)-1)/bs)
+	have := hit // full blocks the prompt gets without computing them
+	remote := s.req.RemotePrefill && !s.admitted
+	if remote {
+		have = (len(s.tokens) - 1) / bs
+	}
 	need := blocksFor(len(s.tokens), bs) - hit
 	reuse := 0 // cached blocks that are inactive now: referencing them takes free room too
 	for _, h := range s.hashes[:hit] {
@@ -361,18 +373,24 @@ func (e *Engine) admit(s *seq) bool {
 		return false
 	}
 	e.cur = s
-	n, err := e.kv.Use(s.hashes[:hit], 0) // all cached: nothing is stored, nothing evicted
+	n, err := e.kv.Use(s.hashes[:have], 0) // the cached ones, and the received ones stored (events)
 	e.cur = nil
 	if err != nil {
 		e.kv.Deref(s.hashes[:n])
 		return false
 	}
-	s.held, s.computed = hit, hit*bs
+	s.held, s.computed = have, have*bs
+	if remote {
+		s.computed = len(s.tokens) - 1 // its partial last block is taken by the step's allocate
+	}
 	if !s.admitted {
 		s.admitted = true
 		s.cached = min(hit*bs, len(s.req.Tokens))
 		e.stats.PromptTokens += int64(len(s.req.Tokens))
 		e.stats.CachedTokens += int64(s.cached)
+		if remote {
+			e.stats.RemoteTokens += int64(s.computed - s.cached)
+		}
 	}
 	return true
 }

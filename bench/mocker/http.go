@@ -2,11 +2,13 @@ package mocker
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -34,6 +36,11 @@ type ServerOptions struct {
 	// (none: media parts are refused).
 	Render func([]openai.Message) (ids []int32, placeholders []int, err error)
 	ECDir  string
+	// Labels are engine i's topology labels (nil: none): a prefill step's answer carries them,
+	// and a decode step times the KV cache's move from them to its own (Transfer).
+	Labels func(i int) map[string]string
+	// Transfer models that move (disagg.go); the zero value is instant.
+	Transfer KVTransfer
 }
 
 // DefaultServerOptions are the defaults above.
@@ -52,8 +59,12 @@ func DefaultServerOptions() ServerOptions {
 //	     which the daemon learns the engine's KV capacity
 //
 // A completion takes a text prompt (tokenized one word per token, by hash) or token ids,
-// max_tokens, seed, stream, stream_options.include_usage, cache_salt, and dataplane's extension
-// "media": [{"start", "end", "id"}] (placeholder spans and identifiers, hashed into KV events);
+// max_tokens, seed, stream, stream_options.include_usage, cache_salt, dataplane's extension
+// "media": [{"start", "end", "id"}] (placeholder spans and identifiers, hashed into KV events),
+// and vLLM's kv_transfer_params of disaggregated serving (disagg.go): a prefill step
+// (do_remote_decode, not streamed) is answered with the params of its decode step; a decode
+// step (do_remote_prefill with the remote_* keys) waits the KV cache's move (Transfer), then
+// starts with the prompt computed;
 // a sampling field the engines do not honour (Worker.Check: temperature, stop, logprobs, ...)
 // or echo is a 400 naming it.
 // Streams are vLLM's SSE chunks; the usage has prompt_tokens_details.cached_tokens.
@@ -179,6 +190,8 @@ type completionChunk struct {
 	Model   string                    `json:"model"`
 	Choices []openai.CompletionChoice `json:"choices"`
 	Usage   *usage                    `json:"usage,omitempty"`
+	// KVTransfer is a prefill step's answer (vLLM's CompletionResponse.kv_transfer_params).
+	KVTransfer *KVTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 // admit takes an in-flight slot (429 when none is free) and reads the body (413 past
@@ -206,7 +219,20 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 		return
 	}
 	defer release()
+	body, kvRaw, err := cutKVTransfer(body)
+	if err != nil {
+		writeError(w, api.BadRequest("kv_transfer_params", "%v", err))
+		return
+	}
+	kv, err := ParseKVTransferParams(kvRaw)
+	if err != nil {
+		writeError(w, api.BadRequest("kv_transfer_params", "%v", err))
+		return
+	}
 	req, err := openai.ParseCompletion(body, openai.DefaultLimits())
+	if err == nil && kv != nil && kv.DoRemoteDecode && req.Stream {
+		err = api.BadRequest("stream", "a prefill step (kv_transfer_params.do_remote_decode) is answered whole, as vLLM's disaggregated proxies ask for it")
+	}
 	if err == nil && req.Echo {
 		err = api.BadRequest("echo", "the mock engines do not echo the prompt")
 	}
@@ -235,6 +261,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 	}
 	for _, m := range extra.Media {
 		wreq.Media = append(wreq.Media, worker.MediaSpan{Start: m.Start, End: m.End, ID: m.ID})
+	}
+	if kv.Readable() { // a decode step: the KV cache moves from the prefill engine first
+		wreq.KVTransfer = kvRaw
+		if !s.waitTransfer(r.Context(), kv, engine, len(wreq.TokenIDs)) {
+			return // the client left
+		}
 	}
 	wk := s.workers[engine]
 	events, err := wk.Generate(r.Context(), wreq)
@@ -269,6 +301,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 				reason := ev.FinishReason
 				chunk.Choices = []openai.CompletionChoice{{Text: text.String(), FinishReason: &reason}}
 				chunk.Usage = usageOf(ev, n)
+				if kv != nil && kv.DoRemoteDecode {
+					chunk.KVTransfer = prefilled(name, wreq.ID, hostOf(r), portOf(r), ev.PromptTokens,
+						s.fleet.engines[engine].opts.BlockSize, s.labels(engine))
+				}
 			}
 		}
 		writeJSON(w, chunk)
@@ -363,4 +399,63 @@ func writeError(w http.ResponseWriter, err error) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(oe.Status)
 	_, _ = w.Write(oe.Body())
+}
+
+// cutKVTransfer takes kv_transfer_params out of a completion body (the request parser refuses
+// it: a daemon's clients may not set it) and returns both.
+func cutKVTransfer(body []byte) ([]byte, json.RawMessage, error) {
+	if !bytes.Contains(body, []byte(`"kv_transfer_params"`)) {
+		return body, nil, nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return body, nil, nil // the parser says what is wrong with it
+	}
+	raw := fields["kv_transfer_params"]
+	delete(fields, "kv_transfer_params")
+	out, err := json.Marshal(fields)
+	return out, raw, err
+}
+
+// waitTransfer waits (in wall time: the engines' speed-up applied) for a decode step's KV cache
+// to arrive from the prefill engine; false if ctx ended first.
+func (s *Server) waitTransfer(ctx context.Context, kv *KVTransferParams, engine, tokens int) bool {
+	d := s.opts.Transfer.Time(kv.RemoteTopology, s.labels(engine), tokens)
+	if speed := s.fleet.opts.Clock.Speedup; speed > 0 {
+		d = time.Duration(float64(d) / speed)
+	}
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *Server) labels(engine int) map[string]string {
+	if s.opts.Labels == nil {
+		return nil
+	}
+	return s.opts.Labels(engine)
+}
+
+// hostOf and portOf are where the request came in: a prefill step's remote_host and
+// remote_port (vLLM's are its NIXL side channel's; the mock has none, so its HTTP address).
+func hostOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		return r.Host
+	}
+	return host
+}
+
+func portOf(r *http.Request) int {
+	_, port, _ := net.SplitHostPort(r.Host)
+	p, _ := strconv.Atoi(port)
+	return p
 }

@@ -108,6 +108,11 @@ func RequestFromWorker(req *worker.Request) (*Request, error) {
 		}
 		r.Tokens[i] = uint32(t)
 	}
+	kv, err := ParseKVTransferParams(req.KVTransfer)
+	if err != nil {
+		return nil, &ErrBadRequest{req.ID, err.Error()}
+	}
+	r.RemotePrefill = kv.Readable() // a decode step whose KV cache is read, not computed
 	for i, m := range req.Media {
 		if m.Start < 0 || m.End <= m.Start || m.End > len(req.TokenIDs) {
 			return nil, &ErrBadRequest{req.ID, fmt.Sprintf("media %d: tokens [%d, %d) not inside the %d-token prompt", i, m.Start, m.End, len(req.TokenIDs))}

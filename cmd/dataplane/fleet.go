@@ -270,7 +270,7 @@ func announceFleet(ctx context.Context, wg *sync.WaitGroup, c *mockConfig, f *mo
 		for i := range out {
 			out[i] = fleet.Worker{Name: f.Engine(i).Name(), Model: c.model, Role: fleet.Role(c.role),
 				Endpoint: fmt.Sprintf("%s/engines/%d", c.advertise, i), KVBlocks: int64(e.Blocks), BlockSize: e.BlockSize,
-				Labels: c.labels, Started: started}
+				Labels: c.engineLabels(i), Started: started}
 			if ls != nil {
 				out[i].Load = &(*ls)[i]
 			}
@@ -313,7 +313,7 @@ func announceFleet(ctx context.Context, wg *sync.WaitGroup, c *mockConfig, f *mo
 		}
 	}()
 	log.Info("announcing", "engines", f.Len(), "bucket", c.nats.bucket.Bucket, "endpoint", c.advertise+"/engines/<i>",
-		"model", c.model, "role", c.role, "labels", c.labels, "load_subjects", c.nats.load+".<engine>")
+		"model", c.model, "role", c.role, "labels", c.labels, "zones", c.layout.Zones, "racks", c.layout.Racks, "load_subjects", c.nats.load+".<engine>")
 }
 
 // parseLabels reads key=value,... (topology labels).

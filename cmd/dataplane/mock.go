@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -16,7 +17,9 @@ import (
 	"dataplane/bench/mocker"
 	"dataplane/dataplane"
 	"dataplane/dataplane/openai"
+	"dataplane/router"
 	"dataplane/router/kvevents"
+	"dataplane/router/topology"
 )
 
 func init() {
@@ -39,7 +42,10 @@ type mockConfig struct {
 	role       string            // announced role
 	labels     map[string]string // announced labels: --labels and the topology files
 	topo       workerTopology
-	advertise  string // announced base URL ("": from --listen)
+	layout     topology.Layout   // engines spread over zones and racks (their labels)
+	transfer   mocker.KVTransfer // a decode step's KV move, by the engines' labels
+	qos        string            // --kv-transfer-qos
+	advertise  string            // announced base URL ("": from --listen)
 	profile    string
 	statsEvery time.Duration
 	logLevel   slog.Level
@@ -92,6 +98,14 @@ this machine embeds), where every engine is also announced (--fleet-bucket, refr
 --lease/3, endpoint http://ADVERTISE/engines/<i>) and reports its load (--load-prefix), so
 "dataplane router" finds them with no worker list.
 
+Disaggregated serving (--role prefill or decode, announced; every engine answers both steps as
+vLLM's do with a KV connector): a completion with kv_transfer_params {"do_remote_decode": true}
+is a prefill step, answered whole with the params of its decode step (remote_engine_id,
+remote_block_ids, ...); a completion with those params is the decode step: it waits the KV
+cache's move, latency + bytes / bandwidth of the link between the two engines' domains
+(--kv-transfer-qos, --kv-bytes-per-token; domains from --labels, --topology, --zones, --racks),
+then generates with the prompt received, not computed.
+
 Flags:
 `
 
@@ -113,6 +127,10 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.model, "model", "mock", "with -kv-events nats: the model announced")
 	fs.StringVar(&c.role, "role", "aggregated", "with -kv-events nats: the role announced (aggregated, prefill, decode)")
 	workerTopologyFlags(fs, &c.topo)
+	fs.IntVar(&c.layout.Zones, "zones", 0, "spread the engines over this many zones: engine i in zone-(i mod N), labelled zone=... (0: none)")
+	fs.IntVar(&c.layout.Racks, "racks", 0, "and over this many racks per zone, labelled rack=zone-Z-rack-R")
+	fs.StringVar(&c.qos, "kv-transfer-qos", "", "disaggregated decode steps wait the KV cache's move from the prefill engine: per-level links as the router's flag (zone=2ms@5GB/s,...,local=...), or @FILE; \"\": instant")
+	fs.Float64Var(&c.transfer.BytesPerToken, "kv-bytes-per-token", 131072, "the KV cache's bytes per token the move carries")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("config", "", "YAML file of settings (keys are these flag names)")
 	if err := loadConfig(fs, args, os.Getenv); err != nil {
@@ -133,6 +151,21 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := c.nats.check(); err != nil && c.events == "nats" {
 		fmt.Fprintf(stderr, "mock: %v\n", err)
 		return errUsage
+	}
+	if c.layout.Zones < 0 || c.layout.Racks < 0 {
+		fmt.Fprintf(stderr, "mock: --zones %d, --racks %d: want >= 0\n", c.layout.Zones, c.layout.Racks)
+		return errUsage
+	}
+	if c.qos != "" {
+		var rt routerTopology
+		rt.qos = c.qos
+		var o router.DisaggOptions
+		o.KVBytesPerToken = c.transfer.BytesPerToken
+		if err := rt.resolve(&o); err != nil {
+			fmt.Fprintf(stderr, "mock: %v\n", err)
+			return errUsage
+		}
+		c.transfer.QoS = o.QoS
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
 	var err error
@@ -164,6 +197,7 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	so.ECDir = c.ecDir
+	so.Labels, so.Transfer = c.engineLabels, c.transfer
 	if c.events == "zmq" {
 		so.Endpoints = func(i int) (string, string) { return c.endpoints[i][0], c.endpoints[i][1] }
 	}
@@ -325,4 +359,17 @@ func chatRenderer(o dataplane.TokenizerOptions) (func([]openai.Message) ([]int32
 		}
 		return ids, at, nil
 	}, nil
+}
+
+// engineLabels are engine i's labels: --labels and the topology files', with its zone and rack
+// from --zones and --racks.
+func (c *mockConfig) engineLabels(i int) map[string]string {
+	out := maps.Clone(c.labels)
+	for k, v := range c.layout.Labels(i) {
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[k] = v
+	}
+	return out
 }

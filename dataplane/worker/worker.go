@@ -28,6 +28,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 
 	"dataplane/dataplane/openai"
@@ -65,6 +66,10 @@ type Request struct {
 	Messages  []openai.Message
 	Sampling  openai.Sampling
 	CacheSalt string
+	// KVTransfer is a disaggregated decode step's handle on its KV cache: the kv_transfer_params
+	// a prefill worker returned (Prefiller), sent on as they came (vLLM's disaggregated proxies
+	// do so: tests/v1/kv_connector/nixl_integration/toy_proxy_server.py). nil: none.
+	KVTransfer json.RawMessage
 }
 
 // Event is one step of a generation. The last event has Done set (and Err on failure).
