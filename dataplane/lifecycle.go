@@ -443,12 +443,16 @@ func (r *request) route() (router.Decision, error) {
 		}
 	}
 	var d router.Decision
-	if err := s.router.Decide(req, &d); err != nil {
+	if err := s.router.Route(req, &d); err != nil { // two steps when the fleet is disaggregated
 		e := fail(ErrUnavailable, "", "no LLM worker can take the request: %v", err)
 		if _, none := errors.AsType[*router.ErrNoWorker](err); none {
 			e.RetryAfter = s.retryAfter() // a probe may bring one back
 		}
 		return d, e
+	}
+	if d.Topology != nil && d.Topology.Fallback {
+		s.log.Warn("no decode worker in the prefill worker's domain: routed to another (mismatch policy fallback)",
+			"request", r.id, "level", d.Topology.Level, "domain", d.Topology.Domain, "prefill", d.Prefill, "decode", d.Decode)
 	}
 	s.routes.Add(r.id, d)
 	return d, nil
@@ -579,6 +583,9 @@ func (r *request) merge(ctx context.Context) (native.Matrix, error) {
 // once more to the next-best healthy worker of the same decision (nextBest); the decision log
 // shows the retry. The merged sequence stays valid until the answering worker's first event.
 func (r *request) generate(ctx context.Context, d router.Decision, embeds native.Matrix) (*Generation, error) {
+	if d.Prefill != "" {
+		return r.generateDisagg(ctx, d, embeds)
+	}
 	s := r.s
 	e := s.entry(d.Worker)
 	if e == nil {
@@ -611,8 +618,10 @@ func (r *request) generate(ctx context.Context, d router.Decision, embeds native
 // the attempt is left counted (router Start undone): its error is the worker's, or ctx's.
 func (r *request) attempt(ctx context.Context, d router.Decision, e *workerEntry, wreq *worker.Request) (*Generation, error) {
 	s := r.s
-	if err := s.router.Start(r.key, d, e.name, time.Now()); err == nil {
-		r.routed.Store(true)
+	if !r.routed.Load() { // a disaggregated request is counted from its prefill step on
+		if err := s.router.Start(r.key, d, e.name, time.Now()); err == nil {
+			r.routed.Store(true)
+		}
 	}
 	events, err := e.w.Generate(ctx, wreq)
 	var first worker.Event

@@ -43,6 +43,7 @@ type serveFlags struct {
 	nats                                                                           natsConfig
 	fleetName, advertise, fleetModel                                               string
 	topo                                                                           workerTopology
+	rtopo                                                                          routerTopology
 	mockSpeedup                                                                    float64
 	maxBodyBytes                                                                   int64
 	firstByteTimeout                                                               time.Duration
@@ -93,7 +94,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&to.VideoToken, "video-token", "", "video placeholder token (default: <|video_pad|>, <video>)")
 	fs.StringVar(&to.AudioToken, "audio-token", "", "audio placeholder token (default: <|AUDIO|>, <|audio_pad|>, <audio>)")
 	// Workers and routing.
-	fs.StringVar(&sf.workers, "workers", "mock:4", "LLM workers: mock:N (in-process mock engines), http://host:port,... (OpenAI-compatible engines such as vLLM), or fleet (the aggregated workers announced on --nats, their KV events from its stream)")
+	fs.StringVar(&sf.workers, "workers", "mock:4", "LLM workers: mock:N (in-process mock engines), http://host:port,... (OpenAI-compatible engines such as vLLM), or fleet (the workers announced on --nats, their KV events from its stream; prefill and decode ones route in two steps); with --worker-labels: leave it out")
 	fs.StringVar(&sf.fleetModel, "fleet-model", "", "with --workers fleet: route only to announced workers serving this model (default: any)")
 	fs.Float64Var(&sf.mockSpeedup, "mock-speedup", 1, "mock engines' time runs this many times faster than wall time (--workers mock:N)")
 	fs.StringVar(&sf.kvEvents, "kv-events", "", "the workers' vLLM KV-event publishers, same order: tcp://host:5557,...")
@@ -110,6 +111,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Int64Var(&so.Router.Capacity, "kv-blocks", 0, "each worker's KV cache size in blocks: the router keeps at most that many of its blocks, the oldest stored evicted first (0: learn it from each http:// engine's /metrics; mock engines: their own)")
 	fs.Float64Var(&so.Router.Temperature, "router-temperature", so.Router.Temperature, "0: the cheapest worker; > 0: softmax over costs")
 	fs.Float64Var(&so.Router.OverlapWeight, "overlap-weight", so.Router.OverlapWeight, "weight of uncached prefill blocks against decode load")
+	routerTopologyFlags(fs, &so.Router.Disagg, &sf.rtopo)
 	// The fleet.
 	natsFlags(fs, &sf.nats, "embedded")
 	fs.StringVar(&sf.fleetName, "fleet-name", "", "this daemon's name in the fleet, where it is announced as an encoder (default: dataplane-HOST-PORT)")
@@ -153,6 +155,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	var err error
 	if mo.DType, err = native.ParseDType(sf.dtype); err != nil {
 		return usageErr("--dtype: %v", err)
+	}
+	if err := sf.rtopo.resolve(&so.Router.Disagg); err != nil {
+		return usageErr("%v", err)
 	}
 	plan, err := planWorkers(sf)
 	if err != nil {
@@ -359,7 +364,8 @@ type workerPlan struct {
 	mock             int      // in-process mock engines (mock:N); 0: none
 	fleet            bool     // the aggregated workers announced on NATS (--workers fleet)
 	mockSpeedup      float64  // their clock
-	urls             []string // OpenAI-compatible engines
+	urls             []string       // OpenAI-compatible engines
+	static           []fleet.Worker // their names, roles and labels, from --worker-labels (else none)
 	events, replays  []string // the engines' KV-event and replay endpoints, same order
 	firstByteTimeout time.Duration
 	handoff          worker.Handoff // how requests with media reach them
@@ -373,6 +379,15 @@ func planWorkers(sf serveFlags) (workerPlan, error) {
 	}
 	if len(p.urls) == 0 {
 		return p, fmt.Errorf("--workers: none given (want mock:N, http://host:port,... or fleet)")
+	}
+	if len(sf.rtopo.static) > 0 { // a static fleet replaces the default mock:4
+		if sf.workers != "mock:4" && sf.workers != "labels" {
+			return p, fmt.Errorf("--worker-labels lists the workers: leave --workers out (or say labels), not %q", sf.workers)
+		}
+		p.urls, p.static = nil, sf.rtopo.static
+		for _, w := range p.static {
+			p.urls = append(p.urls, w.Endpoint)
+		}
 	}
 	if p.urls[0] == "fleet" {
 		switch {
@@ -439,7 +454,7 @@ func serveFleet(ctx context.Context, svc *dataplane.Service, reg *prometheus.Reg
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	stop := func() { cancel(); wg.Wait() }
-	rf, err := startRouterFleet(ctx, &wg, n, fleetRouting{nats: &sf.nats, roles: map[fleet.Role]bool{fleet.Aggregated: true},
+	rf, err := startRouterFleet(ctx, &wg, n, fleetRouting{nats: &sf.nats, roles: map[fleet.Role]bool{fleet.Aggregated: true, fleet.Prefill: true, fleet.Decode: true},
 		model: sf.fleetModel, add: add, remove: remove}, stream, log)
 	if err != nil {
 		stop()
@@ -473,10 +488,13 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 		return stop, nil
 	}
 	for i, url := range p.urls {
-		// Clients read "worker i" (its place in --workers, from 0 as mock engines count); the
-		// logs name its address.
-		w, err := worker.NewHTTP(worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i),
-			FirstByteTimeout: p.firstByteTimeout, Handoff: p.handoff})
+		// Clients read "worker i" (its place in --workers, from 0 as mock engines count), or its
+		// name in --worker-labels; the logs name its address.
+		ho := worker.HTTPOptions{BaseURL: url, Label: fmt.Sprintf("worker %d", i), FirstByteTimeout: p.firstByteTimeout, Handoff: p.handoff}
+		if p.static != nil {
+			ho.Name, ho.Label = p.static[i].Name, p.static[i].Name
+		}
+		w, err := worker.NewHTTP(ho)
 		if err != nil {
 			stop()
 			return nil, err
@@ -486,7 +504,18 @@ func addWorkers(ctx context.Context, svc *dataplane.Service, p workerPlan, block
 			stop()
 			return nil, err
 		}
-		log.Info("LLM worker", "worker", w.Name(), "label", w.Label())
+		if p.static != nil {
+			if err := svc.Router().SetWorkerInfo(w.Name(), workerInfo(p.static[i])); err != nil {
+				stop()
+				return nil, err
+			}
+			if kb := p.static[i].KVBlocks; kb > 0 {
+				engine.SetCapacity(kb)
+			}
+			log.Info("LLM worker", "worker", w.Name(), "role", p.static[i].Role, "labels", p.static[i].Labels, "endpoint", url)
+		} else {
+			log.Info("LLM worker", "worker", w.Name(), "label", w.Label())
+		}
 		if i >= len(p.events) {
 			log.Warn("no KV events for a worker: routing sees its load but not its cache", "worker", w.Name())
 			continue

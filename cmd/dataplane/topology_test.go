@@ -173,3 +173,53 @@ func TestWorkerTopologyLabels(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
 	require.Contains(t, stderr.String(), `no "node" file`)
 }
+
+// serve with a static disaggregated fleet (--worker-labels over mock engines that answer both
+// steps), each row of the runtime table under both policies: a completion goes to the prefill
+// worker, then to the decode worker with the handle it returned; the decision names both; a
+// fail mismatch is a 503 naming the zone.
+func TestServeTopologyRows(t *testing.T) {
+	m, stopMock := startCommand(t, []string{"mock", "--engines", "3", "--listen", "127.0.0.1:0", "--speedup", "20"},
+		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
+	defer stopMock()
+	mock := "http://" + m[0][1]
+	prompt := make([]int, 40)
+	for i := range prompt {
+		prompt[i] = 3000 + i
+	}
+	body, _ := json.Marshal(map[string]any{"model": "dataplane-demo", "prompt": prompt, "max_tokens": 3})
+	for _, row := range topologyRows {
+		for _, policy := range []string{"fail", "fallback"} {
+			t.Run(fmt.Sprintf("%s/%s", row.name, policy), func(t *testing.T) {
+				labels := writeWorkerLabels(t, row.fleet, func(i int) string { return fmt.Sprintf("%s/engines/%d", mock, i) })
+				m, stop := startCommand(t, []string{"serve", "--listen", "127.0.0.1:0", "--worker-labels", labels,
+					"--kv-transfer-topology-level", row.level, "--kv-transfer-mismatch-policy", policy, "--no-audio"},
+					regexp.MustCompile(`msg="dataplane starting".* listen=(127\.0\.0\.1:\d+)`))
+				defer stop()
+				base := "http://" + m[0][1]
+				want := row.fail
+				if policy == "fallback" {
+					want = row.fb
+				}
+				resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(string(body)))
+				require.NoError(t, err)
+				raw, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if want.err != "" {
+					checkTopologyAnswer(t, want, resp.StatusCode, string(raw))
+					return
+				}
+				require.Equal(t, 200, resp.StatusCode, string(raw))
+				var out struct {
+					Choices []struct{ Text string }
+					Usage   struct{ CompletionTokens int `json:"completion_tokens"` }
+				}
+				require.NoError(t, json.Unmarshal(raw, &out), string(raw))
+				require.Equal(t, 3, out.Usage.CompletionTokens, "the decode worker generated")
+				var logged struct{ Decision json.RawMessage }
+				require.Equal(t, 200, getJSON(t, base+"/debug/route", &logged))
+				checkTopologyAnswer(t, want, 200, string(logged.Decision))
+			})
+		}
+	}
+}

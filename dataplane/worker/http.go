@@ -117,6 +117,8 @@ type completionBody struct {
 	Stream        bool           `json:"stream"`
 	StreamOptions map[string]any `json:"stream_options,omitempty"`
 	CacheSalt     string         `json:"cache_salt,omitempty"`
+	// KVTransferParams: a disaggregated request's (disagg.go).
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // Generate sends one streamed completion and turns its chunks into events. It returns once the
@@ -125,26 +127,8 @@ type completionBody struct {
 // carrying an ErrUnavailable *Error before any token.
 func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error) {
 	body := completionBody{sampling: samplingOf(&req.Sampling), Model: h.opts.Model, Stream: true,
-		StreamOptions: map[string]any{"include_usage": true}, CacheSalt: req.CacheSalt}
-	path := "/v1/completions"
-	switch {
-	case h.opts.Handoff.SendsChat() && len(req.Media) > 0:
-		path = "/v1/chat/completions" // the messages are added below
-	case h.opts.Handoff == HandoffEmbeds && req.Embeds.Rows > 0:
-		b64, err := transfer.PromptEmbedsBase64(req.Embeds)
-		if err != nil {
-			return nil, err
-		}
-		body.PromptEmbeds = b64
-	case len(req.TokenIDs) > 0:
-		body.Prompt = req.TokenIDs
-	default:
-		body.Prompt = req.Prompt
-	}
-	raw, err := json.Marshal(body)
-	if err == nil && path == "/v1/chat/completions" {
-		raw, err = chatBody(raw, req)
-	}
+		StreamOptions: map[string]any{"include_usage": true}, CacheSalt: req.CacheSalt, KVTransferParams: req.KVTransfer}
+	path, raw, err := h.encode(body, req)
 	if err != nil {
 		return nil, err
 	}
@@ -173,15 +157,8 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 	}
 	if resp.StatusCode != http.StatusOK {
 		firstByte.Stop()
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
+		err := h.answerError(resp)
 		cancel()
-		err := &Error{Class: "answered " + statusText(resp.StatusCode),
-			Err: fmt.Errorf("%s answered %s: %s", h.opts.BaseURL, resp.Status, bytes.TrimSpace(msg))}
-		err.Unavailable = resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
-		if resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity {
-			err = refused(err, msg)
-		}
 		return nil, err
 	}
 	events := make(chan Event, 16)
@@ -203,6 +180,45 @@ func (h *HTTP) Generate(ctx context.Context, req *Request) (<-chan Event, error)
 		}
 	}()
 	return events, nil
+}
+
+// encode writes body for req: the prompt as prompt_embeds, token ids or text to
+// /v1/completions, or the chat with its media to /v1/chat/completions (the chat hand-offs).
+func (h *HTTP) encode(body completionBody, req *Request) (path string, raw []byte, err error) {
+	path = "/v1/completions"
+	switch {
+	case h.opts.Handoff.SendsChat() && len(req.Media) > 0:
+		path = "/v1/chat/completions" // the messages are added below
+	case h.opts.Handoff == HandoffEmbeds && req.Embeds.Rows > 0:
+		b64, err := transfer.PromptEmbedsBase64(req.Embeds)
+		if err != nil {
+			return "", nil, err
+		}
+		body.PromptEmbeds = b64
+	case len(req.TokenIDs) > 0:
+		body.Prompt = req.TokenIDs
+	default:
+		body.Prompt = req.Prompt
+	}
+	raw, err = json.Marshal(body)
+	if err == nil && path == "/v1/chat/completions" {
+		raw, err = chatBody(raw, req)
+	}
+	return path, raw, err
+}
+
+// answerError is an engine's answer other than 200 as an *Error (its body read to 4 KiB and
+// closed): unavailable on 429 and 5xx, the client's error (refused) on 400 and 422.
+func (h *HTTP) answerError(resp *http.Response) error {
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	err := &Error{Class: "answered " + statusText(resp.StatusCode),
+		Err: fmt.Errorf("%s answered %s: %s", h.opts.BaseURL, resp.Status, bytes.TrimSpace(msg))}
+	err.Unavailable = resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
+	if resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity {
+		err = refused(err, msg)
+	}
+	return err
 }
 
 // failure says why a generation's context or request ended (cause, naming the engine): the

@@ -10,7 +10,8 @@
 // streamed /v1/completions and /v1/chat/completions, GET /health), handoff.go (Handoff: how a
 // request with media reaches an HTTP engine; the chat body with the media's identifiers as
 // uuids), sampling.go (the sampling and output fields of the engine's request), errors.go
-// (Error and its classes, Public).
+// (Error and its classes, Public), disagg.go (Prefiller: the prefill step of a disaggregated
+// request, vLLM's kv_transfer_params; the decode step is Generate with Request.KVTransfer).
 //
 // HTTP bounds everything: a request's first byte (headers and the first SSE data event) by
 // HTTPOptions.FirstByteTimeout (30s), the whole generation by Timeout (10m), the connection by
