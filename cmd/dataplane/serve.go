@@ -361,12 +361,12 @@ func audioName(m *dataplane.Models) string {
 // workerPlan is what --workers, --kv-events and --kv-replay ask for, checked before any
 // model loads.
 type workerPlan struct {
-	mock             int      // in-process mock engines (mock:N); 0: none
-	fleet            bool     // the aggregated workers announced on NATS (--workers fleet)
-	mockSpeedup      float64  // their clock
+	mock             int            // in-process mock engines (mock:N); 0: none
+	fleet            bool           // the aggregated workers announced on NATS (--workers fleet)
+	mockSpeedup      float64        // their clock
 	urls             []string       // OpenAI-compatible engines
 	static           []fleet.Worker // their names, roles and labels, from --worker-labels (else none)
-	events, replays  []string // the engines' KV-event and replay endpoints, same order
+	events, replays  []string       // the engines' KV-event and replay endpoints, same order
 	firstByteTimeout time.Duration
 	handoff          worker.Handoff // how requests with media reach them
 }

@@ -212,7 +212,9 @@ func TestServeTopologyRows(t *testing.T) {
 				require.Equal(t, 200, resp.StatusCode, string(raw))
 				var out struct {
 					Choices []struct{ Text string }
-					Usage   struct{ CompletionTokens int `json:"completion_tokens"` }
+					Usage   struct {
+						CompletionTokens int `json:"completion_tokens"`
+					}
 				}
 				require.NoError(t, json.Unmarshal(raw, &out), string(raw))
 				require.Equal(t, 3, out.Usage.CompletionTokens, "the decode worker generated")
