@@ -18,6 +18,7 @@ import (
 	"dataplane/bench/synth"
 	"dataplane/router"
 	"dataplane/router/kvevents"
+	"dataplane/router/topology"
 )
 
 // Policies the harness knows.
@@ -97,6 +98,14 @@ type Options struct {
 	Router    router.Options // for kv; DefaultOptions with the engines' block size and prefill speed
 	Vocab     int            // token ids in synthesized prompts; 32,000
 	Seed      uint64         // engines' and the random policy's; 0: random
+	// The disaggregated policies' fleet (disagg.go): prefill and decode engines (Engines is
+	// unused), laid over Layout, the KV cache's move timed by Transfer; their router's mismatch
+	// policy and transfer weight. 0, 0, no zones, instant, fail, 1.
+	Prefill, Decode int
+	Layout          topology.Layout
+	Transfer        mocker.KVTransfer
+	MismatchPolicy  topology.Policy
+	TransferWeight  float64
 }
 
 // DefaultOptions: 4 engines as above, the three policies, no encoding.
@@ -107,7 +116,8 @@ func DefaultOptions() Options {
 	r.BlockSize = e.BlockSize
 	r.PrefillSecondsPerToken = 15.18e-6 // the mocker's linear prefill term (bench/mocker/perf.go)
 	return Options{Engines: 4, Engine: e, Policies: []string{RoundRobin, Random, KVAware}, Encodings: []string{EncodeNone},
-		Encoder: DefaultSimEncoder(), Router: r, Vocab: 32000}
+		Encoder: DefaultSimEncoder(), Router: r, Vocab: 32000, MismatchPolicy: topology.Fail, TransferWeight: 1,
+		Transfer: mocker.KVTransfer{BytesPerToken: r.Disagg.KVBytesPerToken}}
 }
 
 // Latency summarises one metric in milliseconds.
@@ -125,6 +135,10 @@ type Result struct {
 	Makespan          time.Duration // first arrival to last token
 	PerRequestTTFT    []float64     // ms, in trace order (NaN for rejected)
 	SimulatedDuration time.Duration
+	// Disaggregated policies: the KV cache's move from the prefill to the decode engine (ms),
+	// and the share of requests whose move crossed the QoS table's broadest level (zones).
+	KVMove  Latency
+	Crossed float64
 }
 
 // ErrOptions names an unusable option.
@@ -144,8 +158,12 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 		return nil, &ErrOptions{"trace", "is empty"}
 	}
 	for _, p := range opts.Policies {
-		if p != RoundRobin && p != Random && p != KVAware && p != ModalityAware {
-			return nil, &ErrOptions{"Policies", fmt.Sprintf("%q (want %s, %s, %s or %s)", p, RoundRobin, Random, KVAware, ModalityAware)}
+		if p != RoundRobin && p != Random && p != KVAware && p != ModalityAware && !isDisagg(p) {
+			return nil, &ErrOptions{"Policies", fmt.Sprintf("%q (want %s, %s, %s, %s, or disaggregated: %s, %s, %s, %s, %s)", p, RoundRobin, Random, KVAware, ModalityAware,
+				DisaggRandom, Disagg, DisaggTopology, DisaggSoft, DisaggTopologySoft)}
+		}
+		if isDisagg(p) && (len(opts.Encodings) != 1 || opts.Encodings[0] != EncodeNone) {
+			return nil, &ErrOptions{"Encodings", fmt.Sprintf("%v: the disaggregated policies run with %s only", opts.Encodings, EncodeNone)}
 		}
 	}
 	for _, e := range opts.Encodings {
@@ -173,7 +191,13 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 	var out []Result
 	for _, pol := range opts.Policies {
 		for _, enc := range opts.Encodings {
-			res, err := runOne(ctx, prompts, opts, pol, enc, seed)
+			run := runOne
+			if isDisagg(pol) {
+				run = func(ctx context.Context, prompts []prompt, opts Options, pol, _ string, seed uint64) (Result, error) {
+					return runDisagg(ctx, prompts, opts, pol, seed)
+				}
+			}
+			res, err := run(ctx, prompts, opts, pol, enc, seed)
 			if err != nil {
 				return out, err
 			}
@@ -323,6 +347,15 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
+	res := summarizeRun(prompts, states, policy, encoding)
+	for i := range fleet.Len() {
+		res.Preemptions += fleet.Engine(i).Stats().Preemptions
+	}
+	return res, nil
+}
+
+// summarizeRun is a run's Result from its requests' timelines (Preemptions left to the caller).
+func summarizeRun(prompts []prompt, states []reqState, policy, encoding string) Result {
 	res := Result{Policy: policy, Encoding: encoding, Requests: len(prompts)}
 	var ttft, itl, e2e []float64
 	cached, total, tokens := 0, 0, 0
@@ -352,11 +385,8 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	if res.Makespan > 0 {
 		res.OutputTokensPerS = float64(tokens) / res.Makespan.Seconds()
 	}
-	for i := range fleet.Len() {
-		res.Preemptions += fleet.Engine(i).Stats().Preemptions
-	}
 	res.SimulatedDuration = last
-	return res, nil
+	return res
 }
 
 func nanF() float64 { return math.NaN() }

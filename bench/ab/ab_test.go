@@ -13,6 +13,7 @@ import (
 
 	"dataplane/bench/plot"
 	"dataplane/bench/synth"
+	"dataplane/router/topology"
 )
 
 func synthesized(t *testing.T, requests int, k synth.Knobs) []synth.Record {
@@ -186,4 +187,43 @@ func TestChart(t *testing.T) {
 	require.Equal(t, "kv/none", c.Series[0].Name)
 	require.Equal(t, []float64{10, 20, 30}, c.Series[0].X)
 	require.NoError(t, c.WritePNG(io.Discard))
+}
+
+// A two-zone disaggregated fleet whose cross-zone KV moves are 10× slower: a topology-unaware
+// router sends about half the moves across zones, the hard filter none, and first tokens come
+// sooner with it; the soft cost crosses rarely; runs are deterministic.
+func TestDisaggregatedTopology(t *testing.T) {
+	recs := synthesized(t, 300, synth.DefaultKnobs())
+	opts := DefaultOptions()
+	opts.Seed = 3
+	opts.Prefill, opts.Decode, opts.Layout = 4, 4, topology.Layout{Zones: 2}
+	var err error
+	opts.Transfer.QoS, err = topology.ParseQoS("zone=1ms@5GB/s,local=100us@50GB/s")
+	require.NoError(t, err)
+	opts.TransferWeight = 16
+	opts.Policies = []string{DisaggRandom, Disagg, DisaggTopology, DisaggSoft}
+	res, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	require.Len(t, res, 4)
+	for _, r := range res {
+		t.Logf("%-16s TTFT p50 %5.0f p99 %5.0f ms, KV move p50 %5.1f ms, crossed %.2f, cache hit %.3f", r.Policy, r.TTFT.P50, r.TTFT.P99, r.KVMove.P50, r.Crossed, r.CacheHit)
+		require.Zero(t, r.Rejected, r.Policy)
+	}
+	random, unaware, hard, soft := res[0], res[1], res[2], res[3]
+	require.Greater(t, unaware.Crossed, 0.3)
+	require.Zero(t, hard.Crossed)
+	require.Less(t, soft.Crossed, unaware.Crossed/2)
+	require.Less(t, hard.TTFT.P50, unaware.TTFT.P50)
+	require.Less(t, hard.KVMove.P99, unaware.KVMove.P99)
+	require.Greater(t, unaware.CacheHit, random.CacheHit, "the prefill step is KV-aware")
+	again, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	require.Equal(t, res[2].PerRequestTTFT, again[2].PerRequestTTFT)
+
+	opts.Prefill = 0
+	_, err = Run(context.Background(), recs, opts)
+	require.ErrorContains(t, err, "needs both")
+	opts.Prefill, opts.Encodings = 4, []string{EncodeAsync}
+	_, err = Run(context.Background(), recs, opts)
+	require.ErrorContains(t, err, "disaggregated policies run with none")
 }

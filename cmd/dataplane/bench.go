@@ -183,7 +183,8 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	trace := fs.String("trace", "", "trace to replay (JSONL; e.g. from dataplane synth)")
 	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
 	out := fs.String("out", "", "directory for ab.csv and ab_ttft.png")
-	policies := fs.String("policies", strings.Join(o.Policies, ","), "routing policies: round-robin, random, kv, kv-modality (kv with the encode wait in the cost)")
+	policies := fs.String("policies", strings.Join(o.Policies, ","), "routing policies: round-robin, random, kv, kv-modality (kv with the encode wait in the cost); "+
+		"on --prefill and --decode engines: disagg-random, disagg (topology-unaware), disagg-topology (decode in the prefill engine's zone), disagg-soft (the KV move in the decode cost), disagg-topology-soft")
 	encodings := fs.String("encodings", strings.Join(o.Encodings, ","), "encoding modes: none, sync, async")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "mock engines")
 	fs.IntVar(&o.Engine.BlockSize, "block-size", o.Engine.BlockSize, "KV block size = tokens per trace hash id")
@@ -192,6 +193,8 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&o.Seed, "seed", 0, "engines' and random policy's seed (0: random)")
 	encodeMS := fs.Float64("encode-ms-per-1k-tokens", float64(ab.DefaultSimEncoder().PerToken*1000)/1e6, "the simulated encoder's cost")
 	encodeSlots := fs.Int("encode-slots", ab.DefaultSimEncoder().Workers, "the simulated encoder's parallel slots (async)")
+	var topo abTopology
+	abTopologyFlags(fs, &o, &topo)
 	calibrate := fs.String("encoder-preset", "", "measure the encoder's cost on this machine instead: a sweep preset (vit-tiny, clip-b16, clip-l14-336, whisper-tiny, whisper-base) run at batch 1 on the CPU kernels")
 	if err := parseBench(fs, args, stderr); err != nil {
 		return err
@@ -202,6 +205,10 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	o.Policies, o.Encodings = splitList(*policies), splitList(*encodings)
 	o.Router.BlockSize = o.Engine.BlockSize
+	if err := topo.resolve(&o); err != nil {
+		fmt.Fprintf(stderr, "bench ab: %v\n", err)
+		return errUsage
+	}
 	o.Encoder = ab.SimEncoder{PerToken: time.Duration(*encodeMS * 1e6 / 1000), Workers: *encodeSlots}
 	if *calibrate != "" {
 		h, err := sweep.NewPreset(*calibrate, 0)
@@ -228,8 +235,12 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d requests, %d engines (%d blocks of %d tokens each), seed %d, %.1fs to simulate\n\n",
-		len(recs), o.Engines, o.Engine.Blocks, o.Engine.BlockSize, o.Seed, time.Since(start).Seconds())
+	engines := fmt.Sprint(o.Engines)
+	if o.Prefill > 0 {
+		engines = fmt.Sprintf("%d (or %d prefill + %d decode over %d zones)", o.Engines, o.Prefill, o.Decode, o.Layout.Zones)
+	}
+	fmt.Fprintf(stdout, "%d requests, %s engines (%d blocks of %d tokens each), seed %d, %.1fs to simulate\n\n",
+		len(recs), engines, o.Engine.Blocks, o.Engine.BlockSize, o.Seed, time.Since(start).Seconds())
 	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tencoding\tTTFT p50\tTTFT p99\tITL p50\tE2E p50\tE2E p99\tcache hit\ttokens/s\tpreempted\trejected\t")
 	for _, r := range res {
@@ -237,6 +248,9 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			r.TTFT.P50, r.TTFT.P99, r.ITL.P50, r.E2E.P50, r.E2E.P99, r.CacheHit, r.OutputTokensPerS, r.Preemptions, r.Rejected)
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := printDisagg(stdout, res); err != nil {
 		return err
 	}
 	if len(res) > 1 {

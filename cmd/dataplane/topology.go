@@ -4,12 +4,15 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
 	"strings"
+	"text/tabwriter"
 	"time"
 
+	"dataplane/bench/ab"
 	"dataplane/router"
 	"dataplane/router/fleet"
 	"dataplane/router/kvevents"
@@ -166,4 +169,47 @@ func knownWorker(r *router.Router, name string) bool {
 		}
 	}
 	return false
+}
+
+// abTopology is bench ab's flags for the disaggregated policies.
+type abTopology struct{ qos, policy string }
+
+func abTopologyFlags(fs *flag.FlagSet, o *ab.Options, t *abTopology) {
+	fs.IntVar(&o.Prefill, "prefill", 0, "disaggregated policies: prefill engines")
+	fs.IntVar(&o.Decode, "decode", 0, "disaggregated policies: decode engines")
+	fs.IntVar(&o.Layout.Zones, "zones", 0, "lay each role's engines over this many zones (engine i in zone-(i mod N))")
+	fs.IntVar(&o.Layout.Racks, "racks", 0, "and over this many racks per zone")
+	fs.StringVar(&t.qos, "kv-transfer-qos", "", "the KV cache's move between engines, per level: zone=1ms@5GB/s,local=100us@50GB/s (or @FILE); the soft policies' router knows the same table")
+	fs.Float64Var(&o.Transfer.BytesPerToken, "kv-bytes-per-token", o.Transfer.BytesPerToken, "the KV cache's bytes per token (Llama-3-8B bf16: 131072)")
+	fs.Float64Var(&o.TransferWeight, "kv-transfer-weight", o.TransferWeight, "the soft policies' weight of the move against decode blocks")
+	fs.StringVar(&t.policy, "kv-transfer-mismatch-policy", string(o.MismatchPolicy), "the topology policies' fail or fallback")
+}
+
+func (t *abTopology) resolve(o *ab.Options) error {
+	var rt routerTopology
+	rt.qos, rt.policy = t.qos, t.policy
+	d := router.DisaggOptions{KVBytesPerToken: o.Transfer.BytesPerToken}
+	if err := rt.resolve(&d); err != nil {
+		return err
+	}
+	o.Transfer.QoS, o.MismatchPolicy = d.QoS, d.Policy
+	return nil
+}
+
+// printDisagg is bench ab's table of the disaggregated runs' KV moves.
+func printDisagg(w io.Writer, res []ab.Result) error {
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	header := false
+	for _, r := range res {
+		if !strings.HasPrefix(r.Policy, "disagg") {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w)
+			fmt.Fprintln(tw, "policy\tKV move p50\tKV move p99\tcrossed zones\t")
+			header = true
+		}
+		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f ms\t%.2f\t\n", r.Policy, r.KVMove.P50, r.KVMove.P99, r.Crossed)
+	}
+	return tw.Flush()
 }
