@@ -22,7 +22,7 @@ import (
 // (mocker.Request.RemotePrefill). The policies differ only in how the two engines are chosen.
 const (
 	DisaggRandom = "disagg-random" // prefill and decode engines drawn uniformly (seeded)
-	Disagg           = "disagg"             // router.DecideDisagg, topology-unaware: no level, no QoS table
+	Disagg       = "disagg"        // router.DecideDisagg, topology-unaware: no level, no QoS table
 	// DisaggTopology filters decode engines to the prefill engine's zone (seed 004's hard
 	// filter, Options.MismatchPolicy).
 	DisaggTopology = "disagg-topology"
