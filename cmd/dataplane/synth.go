@@ -16,6 +16,7 @@ func init() {
 }
 
 const synthUsage = `Usage: dataplane synth --trace IN.jsonl [--out OUT.jsonl] [knobs]
+       dataplane synth fleet --prefill N --decode M --zones Z [...]   (a --worker-labels file; -h)
 
 Learns IN (Mooncake JSONL: timestamp, input_length, output_length, hash_ids of 512-token
 blocks) as a core radix tree of shared prefix blocks plus the distributions of everything
@@ -27,6 +28,9 @@ Flags:
 `
 
 func synthCommand(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "fleet" {
+		return synthFleet(args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, synthUsage); fs.PrintDefaults() }

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -212,4 +215,70 @@ func printDisagg(w io.Writer, res []ab.Result) error {
 		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f ms\t%.2f\t\n", r.Policy, r.KVMove.P50, r.KVMove.P99, r.Crossed)
 	}
 	return tw.Flush()
+}
+
+// synthFleet writes a static disaggregated fleet (a --worker-labels file): prefill and decode
+// workers laid over zones and racks as bench ab and dataplane mock --zones lay them.
+func synthFleet(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("synth fleet", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var layout topology.Layout
+	prefill := fs.Int("prefill", 0, "prefill workers")
+	decode := fs.Int("decode", 0, "decode workers")
+	aggregated := fs.Int("aggregated", 0, "aggregated workers")
+	fs.IntVar(&layout.Zones, "zones", 1, "zones: worker i of a role in zone-(i mod N)")
+	fs.IntVar(&layout.Racks, "racks", 0, "racks per zone (0: no rack label)")
+	endpoints := map[string]*string{
+		"prefill":    fs.String("prefill-endpoint", "http://127.0.0.1:8200/engines/{i}", "prefill worker i's base URL ({i}: its index)"),
+		"decode":     fs.String("decode-endpoint", "http://127.0.0.1:8300/engines/{i}", "decode worker i's base URL"),
+		"aggregated": fs.String("aggregated-endpoint", "http://127.0.0.1:8400/engines/{i}", "aggregated worker i's base URL"),
+	}
+	names := map[string]*string{
+		"prefill":    fs.String("prefill-name", "prefill-{i}", "prefill worker i's name (its KV events' worker name, e.g. mock --name-prefix's)"),
+		"decode":     fs.String("decode-name", "decode-{i}", "decode worker i's name"),
+		"aggregated": fs.String("aggregated-name", "aggregated-{i}", "aggregated worker i's name"),
+	}
+	out := fs.String("out", "", "where to write it (default: stdout)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	n := *prefill + *decode + *aggregated
+	if fs.NArg() > 0 || *prefill < 0 || *decode < 0 || *aggregated < 0 || n == 0 || n > fleet.MaxStaticWorkers || layout.Zones < 1 || layout.Racks < 0 {
+		fmt.Fprintf(stderr, "synth fleet: want --prefill, --decode, --aggregated >= 0 (1 to %d in all), --zones >= 1, --racks >= 0\n", fleet.MaxStaticWorkers)
+		return errUsage
+	}
+	type entry struct {
+		Name     string            `json:"name"`
+		Endpoint string            `json:"endpoint"`
+		Role     string            `json:"role"`
+		Topology map[string]string `json:"topology,omitempty"`
+	}
+	var entries []entry
+	for _, r := range []struct {
+		role  string
+		count int
+	}{{"prefill", *prefill}, {"decode", *decode}, {"aggregated", *aggregated}} {
+		for i := range r.count {
+			idx := strconv.Itoa(i)
+			entries = append(entries, entry{Name: strings.ReplaceAll(*names[r.role], "{i}", idx), Role: r.role,
+				Endpoint: strings.ReplaceAll(*endpoints[r.role], "{i}", idx), Topology: layout.Labels(i)})
+		}
+	}
+	raw, err := json.MarshalIndent(entries, "", "  ")
+	if err != nil {
+		return err
+	}
+	if _, err := fleet.ParseStatic(raw); err != nil { // what serve and router will read
+		fmt.Fprintf(stderr, "synth fleet: %v\n", err)
+		return errUsage
+	}
+	raw = append(raw, '\n')
+	if *out == "" {
+		_, err = stdout.Write(raw)
+		return err
+	}
+	return os.WriteFile(*out, raw, 0o644)
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/fleet"
 )
 
 // topoWorker is a worker of a topology test fleet: its name, role and zone ("": no label).
@@ -224,4 +226,29 @@ func TestServeTopologyRows(t *testing.T) {
 			})
 		}
 	}
+}
+
+// `synth fleet` writes a --worker-labels file over zones and racks that the router reads (and
+// lays workers as mock --zones and bench ab do); `bench ab` on such a fleet prints its KV moves.
+func TestSynthFleetAndBenchABDisagg(t *testing.T) {
+	var stdout, stderr strings.Builder
+	code := run(context.Background(), []string{"synth", "fleet", "--prefill", "3", "--decode", "2", "--zones", "2", "--racks", "2",
+		"--decode-endpoint", "http://d:8000/e{i}"}, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	ws, err := fleet.ParseStatic([]byte(stdout.String()))
+	require.NoError(t, err)
+	require.Len(t, ws, 5)
+	require.Equal(t, "prefill-2", ws[2].Name)
+	require.Equal(t, map[string]string{"zone": "zone-0", "rack": "zone-0-rack-1"}, ws[2].Labels)
+	require.Equal(t, fleet.Decode, ws[4].Role)
+	require.Equal(t, "http://d:8000/e1", ws[4].Endpoint)
+	require.Equal(t, "zone-1", ws[4].Labels["zone"])
+	require.Equal(t, 2, run(context.Background(), []string{"synth", "fleet"}, io.Discard, io.Discard))
+
+	trace := synthTrace(t, "--requests", "60", "--seed", "3")
+	out := runBench(t, "ab", "--trace", trace, "--seed", "9", "--prefill", "2", "--decode", "2", "--zones", "2",
+		"--kv-transfer-qos", "zone=1ms@5GB/s,local=100us@50GB/s", "--policies", "disagg,disagg-topology")
+	require.Regexp(t, `(?m)^\s+disagg-topology\s+[\d.]+ ms\s+[\d.]+ ms\s+0\.00$`, out)
+	require.Contains(t, out, "KV move p50")
+	require.Contains(t, runBenchErr(t, "ab", "--trace", trace, "--kv-transfer-qos", "zone=1ms"), "--kv-transfer-qos")
 }
