@@ -193,7 +193,7 @@ func TestChart(t *testing.T) {
 // router sends about half the moves across zones, the hard filter none, and first tokens come
 // sooner with it; the soft cost crosses rarely; runs are deterministic.
 func TestDisaggregatedTopology(t *testing.T) {
-	recs := synthesized(t, 300, synth.DefaultKnobs())
+	recs := synthesized(t, 160, synth.DefaultKnobs())
 	opts := DefaultOptions()
 	opts.Seed = 3
 	opts.Prefill, opts.Decode, opts.Layout = 4, 4, topology.Layout{Zones: 2}
@@ -216,9 +216,10 @@ func TestDisaggregatedTopology(t *testing.T) {
 	require.Less(t, hard.TTFT.P50, unaware.TTFT.P50)
 	require.Less(t, hard.KVMove.P99, unaware.KVMove.P99)
 	require.Greater(t, unaware.CacheHit, random.CacheHit, "the prefill step is KV-aware")
+	opts.Policies = []string{DisaggTopology}
 	again, err := Run(context.Background(), recs, opts)
 	require.NoError(t, err)
-	require.Equal(t, res[2].PerRequestTTFT, again[2].PerRequestTTFT)
+	require.Equal(t, hard.PerRequestTTFT, again[0].PerRequestTTFT)
 
 	opts.Prefill = 0
 	_, err = Run(context.Background(), recs, opts)
