@@ -181,9 +181,8 @@ func TestWorkerTopologyLabels(t *testing.T) {
 // worker, then to the decode worker with the handle it returned; the decision names both; a
 // fail mismatch is a 503 naming the zone.
 func TestServeTopologyRows(t *testing.T) {
-	m, stopMock := startCommand(t, []string{"mock", "--engines", "3", "--listen", "127.0.0.1:0", "--speedup", "20"},
-		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`))
-	defer stopMock()
+	m, _ := startCommand(t, []string{"mock", "--engines", "3", "--listen", "127.0.0.1:0", "--speedup", "20"},
+		regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`)) // stopped by its cleanup, after the parallel subtests
 	mock := "http://" + m[0][1]
 	prompt := make([]int, 40)
 	for i := range prompt {
@@ -193,9 +192,10 @@ func TestServeTopologyRows(t *testing.T) {
 	for _, row := range topologyRows {
 		for _, policy := range []string{"fail", "fallback"} {
 			t.Run(fmt.Sprintf("%s/%s", row.name, policy), func(t *testing.T) {
+				t.Parallel() // each its own serve; they overlap their start-up (the GPU probe's child)
 				labels := writeWorkerLabels(t, row.fleet, func(i int) string { return fmt.Sprintf("%s/engines/%d", mock, i) })
 				m, stop := startCommand(t, []string{"serve", "--listen", "127.0.0.1:0", "--worker-labels", labels,
-					"--kv-transfer-topology-level", row.level, "--kv-transfer-mismatch-policy", policy, "--no-audio"},
+					"--kv-transfer-topology-level", row.level, "--kv-transfer-mismatch-policy", policy, "--no-audio", "--demo-hidden", "32"},
 					regexp.MustCompile(`msg="dataplane starting".* listen=(127\.0\.0\.1:\d+)`))
 				defer stop()
 				base := "http://" + m[0][1]
