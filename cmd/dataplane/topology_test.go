@@ -252,3 +252,27 @@ func TestSynthFleetAndBenchABDisagg(t *testing.T) {
 	require.Contains(t, out, "KV move p50")
 	require.Contains(t, runBenchErr(t, "ab", "--trace", trace, "--kv-transfer-qos", "zone=1ms"), "--kv-transfer-qos")
 }
+
+// Roles and topology from the fleet: prefill engines announced over two zones (--zones), a
+// decode engine whose zone comes from its topology files; the router with a zone level picks
+// the prefill engine in the decode engine's zone, and says why not the other.
+func TestRouterFleetDisaggregated(t *testing.T) {
+	addr, url, stopRouter := startFleetRouter(t, "", t.TempDir(), "--kv-transfer-topology-level", "zone")
+	defer stopRouter()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "zone"), []byte("zone-1\n"), 0o644))
+	_, stopP := startCommand(t, []string{"mock", "--engines", "2", "--listen", "127.0.0.1:0", "--kv-events", "nats", "--nats", url,
+		"--role", "prefill", "--name-prefix", "p-", "--zones", "2"}, regexp.MustCompile(`msg=announcing`))
+	defer stopP()
+	_, stopD := startCommand(t, []string{"mock", "--engines", "1", "--listen", "127.0.0.1:0", "--kv-events", "nats", "--nats", url,
+		"--role", "decode", "--name-prefix", "d-", "--topology", "--topology-dir", dir}, regexp.MustCompile(`msg=announcing`))
+	defer stopD()
+	var body string
+	require.Eventually(t, func() bool {
+		code, out := postRoute(t, "http://"+addr, `{"token_ids": [1, 2, 3]}`)
+		body = out
+		return code == 200 && strings.Contains(out, `"prefill":"p-1"`) && strings.Contains(out, `"decode":"d-0"`)
+	}, 5*time.Second, 20*time.Millisecond, "last answer: %s", body)
+	require.Contains(t, body, `no decode worker in its zone \"zone-0\"`)
+	require.Contains(t, body, `"domain":"zone-1"`)
+}
