@@ -12,7 +12,9 @@ import (
 
 // Disaggregated prefill/decode: a request goes to a prefill worker, which computes its KV cache
 // and hands it over, then to a decode worker, which generates (vLLM's disaggregated serving, a
-// kv connector such as NIXL between them; Dynamo's prefill router). DecideDisagg picks both:
+// kv connector such as NIXL between them; Dynamo's PrefillRouter, ai-dynamo/dynamo
+// lib/llm/src/kv_router/prefill_router.rs at 007ddea7, routes the prefill step by KV overlap
+// and hands its disaggregated_params to the decode request). DecideDisagg picks both:
 //
 //  1. the prefill worker by KV overlap and prefill load:
 //     overlap weight × (prefill blocks + encode wait) + transfer (of media features);
@@ -30,6 +32,10 @@ import (
 //     same-domain workers exist, eligible when none do;
 //   - before the prefill choice, prefill workers that have a decode worker in their domain are
 //     preferred; only when none has one are the others eligible.
+//
+// (Dynamo has since published the same as its "required" enforcement, with a "preferred" one
+// that biases the decode cost instead: its knowledge-base page "Topology-Aware KV Transfer";
+// the soft cost below is ours, the seed's future work.)
 //
 // Level unset: no filtering, the decision is as it would be without topology (the soft cost
 // applies if a QoS table is set). Prefill workers are never chosen by Decide (an aggregated
