@@ -1,7 +1,16 @@
 package main
 
 import (
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"context"
+	"dataplane/router/fleet"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -120,6 +129,237 @@ func planReplay(args []string, stdout, stderr io.Writer) error {
 	return planner.Replay(in, r, start, func(s planner.ReplayStep) error { return enc.Encode(s) })
 }
 
-func planLive(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("plan: live mode not built yet")
+// planConfig is what the live planner's flags set.
+type planConfig struct {
+	rules           planner.Rules
+	noOperation     bool
+	backend         string // local, kubernetes, none
+	stateFile       string
+	workerOutput    string
+	startTimeout    time.Duration
+	stopTimeout     time.Duration
+	stopWorkersExit bool
+	listen          string
+	model           string
+	nats            natsConfig
+	logLevel        slog.Level
+	kube            kubeFlags
+}
+
+func parsePlanFlags(args []string, stderr io.Writer) (*planConfig, error) {
+	c := &planConfig{}
+	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, planUsage); fs.PrintDefaults() }
+	ruleFlags(fs, &c.rules)
+	fs.BoolVar(&c.noOperation, "no-operation", false, "only observe: decisions are logged and counted in the metrics, never applied")
+	fs.StringVar(&c.backend, "backend", "local", "how workers are added and removed: local (processes from --statefile), kubernetes (replicas of a Deployment or DynamoGraphDeployment)")
+	fs.StringVar(&c.stateFile, "statefile", "", "local: the JSON statefile of worker processes (README of dataplane/planner)")
+	fs.StringVar(&c.workerOutput, "worker-output", "", "local: append the workers' stdout and stderr to this file (default: discarded)")
+	fs.DurationVar(&c.startTimeout, "start-timeout", 5*time.Minute, "local: a new worker must be announced in the fleet within this")
+	fs.DurationVar(&c.stopTimeout, "stop-timeout", 2*time.Minute, "local: a stopped worker must exit within this (its drain), then it is killed")
+	fs.BoolVar(&c.stopWorkersExit, "stop-workers-on-exit", false, "local: stop the workers when the planner stops (default: they keep running and the next planner adopts them)")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8300", `HOST:PORT of /metrics ("" for none)`)
+	fs.StringVar(&c.model, "model", "", "scale only the workers announced with this model (default: any)")
+	kubeFlagSet(fs, &c.kube)
+	natsFlags(fs, &c.nats, "nats://127.0.0.1:4222")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, parseFail(fs, err)
+	}
+	usage := func(format string, a ...any) (*planConfig, error) {
+		fmt.Fprintf(stderr, "plan: "+format+"\n", a...)
+		return nil, errUsage
+	}
+	if fs.NArg() > 0 {
+		return usage("unexpected arguments %q", fs.Args())
+	}
+	if err := c.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usage("--log-level: %v", err)
+	}
+	if err := c.rules.Check(); err != nil {
+		return usage("%v", err)
+	}
+	if err := c.nats.check(); err != nil {
+		return usage("%v", err)
+	}
+	if c.nats.url == "none" {
+		return usage("--nats none: the planner reads the fleet's load over NATS")
+	}
+	switch c.backend {
+	case "local":
+		if c.stateFile == "" && !c.noOperation {
+			return usage("--backend local needs --statefile (or --no-operation)")
+		}
+	case "kubernetes":
+		if err := c.kube.check(); err != nil && !c.noOperation {
+			return usage("%v", err)
+		}
+	default:
+		return usage("--backend %q: want local or kubernetes", c.backend)
+	}
+	return c, nil
+}
+
+func planLive(ctx context.Context, args []string, _, stderr io.Writer) error {
+	c, err := parsePlanFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
+	n, err := connectNATS(&c.nats, "dataplane-planner", log)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	b, err := fleet.OpenBucket(octx, n.js, c.nats.bucket)
+	cancel()
+	if err != nil {
+		return err
+	}
+	src := planner.NewFleetSource()
+	src.Model = c.model
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	w := fleet.NewWatcher(b, n.nc, src)
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = w.Run(ctx) }()
+	var loadStats fleet.LoadStats
+	sub, err := fleet.SubscribeLoad(n.nc, c.nats.load, &loadStats, src.OnLoad)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	select {
+	case <-w.Ready():
+	case <-ctx.Done():
+		return nil
+	}
+
+	p := &planner.Planner{Rules: c.rules, Source: src, NoOperation: c.noOperation, Log: log, Metrics: planner.NewMetrics()}
+	if !c.noOperation {
+		switch c.backend {
+		case "local":
+			out := io.Discard
+			if c.workerOutput != "" {
+				f, err := os.OpenFile(c.workerOutput, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				out = f
+			}
+			l, err := planner.NewLocal(planner.LocalOptions{StateFile: c.stateFile, Fleet: bucketFleet{src, b}, PrefillGPUs: c.rules.PrefillGPUs,
+				DecodeGPUs: c.rules.DecodeGPUs, StartTimeout: c.startTimeout, StopTimeout: c.stopTimeout, Output: out, Log: log})
+			if err != nil {
+				return err
+			}
+			if c.stopWorkersExit {
+				defer l.StopAll()
+			}
+			if err := l.Start(ctx); err != nil {
+				return err
+			}
+			p.Backend = l
+		case "kubernetes":
+			k, err := c.kube.backend(log)
+			if err != nil {
+				return err
+			}
+			p.Backend = k
+		}
+	}
+	if c.listen != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(p.Metrics.Collectors()...)
+		ln, err := net.Listen("tcp", c.listen)
+		if err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		log.Info("planner: metrics", "listen", ln.Addr().String())
+	}
+	log.Info("planner: running", "backend", c.backend, "no_operation", c.noOperation, "rules", fmt.Sprintf("%+v", c.rules))
+	return p.Run(ctx)
+}
+
+// bucketFleet is the fleet as the local backend sees it: the source's workers, and revoking a
+// lease by deleting the worker's key (watchers see the delete: the worker leaves routing at
+// once, before its drain).
+type bucketFleet struct {
+	*planner.FleetSource
+	b *fleet.Bucket
+}
+
+func (f bucketFleet) Revoke(ctx context.Context, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return f.b.KV.Delete(ctx, name)
+}
+
+// kubeFlags are the kubernetes backend's flags.
+type kubeFlags struct {
+	kind, server, kubeconfig, namespace string
+	prefill, decode, graph              string
+	readyTimeout                        time.Duration
+}
+
+func kubeFlagSet(fs *flag.FlagSet, k *kubeFlags) {
+	fs.StringVar(&k.kind, "kube-kind", "deployment", "kubernetes: what is scaled: deployment (one per pool) or dynamographdeployment (a service per pool)")
+	fs.StringVar(&k.server, "kube-server", "", "kubernetes: the API server (default: in-cluster, or --kubeconfig's)")
+	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes: a kubeconfig file (its current context; default: in-cluster config)")
+	fs.StringVar(&k.namespace, "kube-namespace", "", "kubernetes: the namespace (default: the pod's, or the kubeconfig context's)")
+	fs.StringVar(&k.prefill, "kube-prefill", "", "kubernetes: the prefill pool's Deployment, or its service in the graph (empty: not scaled)")
+	fs.StringVar(&k.decode, "kube-decode", "", "kubernetes: the decode pool's Deployment, or its service in the graph")
+	fs.StringVar(&k.graph, "kube-graph", "", "kubernetes: the DynamoGraphDeployment's name (--kube-kind dynamographdeployment)")
+	fs.DurationVar(&k.readyTimeout, "kube-ready-timeout", 10*time.Minute, "kubernetes: a change must be rolled out within this")
+}
+
+func (k *kubeFlags) check() error {
+	if k.prefill == "" && k.decode == "" {
+		return errors.New("--backend kubernetes needs --kube-prefill or --kube-decode")
+	}
+	if k.kind == "dynamographdeployment" && k.graph == "" {
+		return errors.New("--kube-kind dynamographdeployment needs --kube-graph")
+	}
+	return nil
+}
+
+func (k *kubeFlags) backend(log *slog.Logger) (*planner.Kube, error) {
+	o := planner.KubeOptions{Kind: k.kind, Graph: k.graph, ReadyTimeout: k.readyTimeout, Log: log, Targets: map[planner.Pool]string{}}
+	if k.prefill != "" {
+		o.Targets[planner.PoolPrefill] = k.prefill
+	}
+	if k.decode != "" {
+		o.Targets[planner.PoolDecode] = k.decode
+	}
+	switch {
+	case k.kubeconfig != "":
+		kc, err := planner.LoadKubeconfig(k.kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		o.Server, o.Token, o.CA, o.CertPEM, o.KeyPEM, o.Namespace = kc.Server, kc.Token, kc.CA, kc.CertPEM, kc.KeyPEM, kc.Namespace
+	case k.server == "":
+		server, token, ca, ns, err := planner.InClusterServer()
+		if err != nil {
+			return nil, err
+		}
+		o.Server, o.Token, o.CA, o.Namespace = server, token, ca, ns
+	}
+	if k.server != "" {
+		o.Server = k.server
+	}
+	if k.namespace != "" {
+		o.Namespace = k.namespace
+	}
+	return planner.NewKube(o)
 }
