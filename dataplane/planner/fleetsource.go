@@ -99,8 +99,8 @@ func (s *FleetSource) Pull(context.Context) (Sample, Pools, error) {
 	defer s.mu.Unlock()
 	now := s.now()
 	var p Pools
-	var waiting, kv float64
-	queueN, kvN := 0, 0
+	var waiting, kv, tokens, requests float64
+	queueN, kvN, tokN, reqN := 0, 0, 0, 0
 	for _, sw := range s.w {
 		pool := s.pool(sw)
 		fresh := !sw.at.IsZero() && now.Sub(sw.at) <= s.Stale
@@ -111,15 +111,29 @@ func (s *FleetSource) Pull(context.Context) (Sample, Pools, error) {
 				waiting += float64(sw.load.Waiting)
 				queueN++
 			}
+			if fresh && sw.load.PrefillTokens >= 0 {
+				tokens += float64(sw.load.PrefillTokens)
+				tokN++
+			}
 		case PoolDecode:
 			p.Decode++
 			if fresh && sw.load.ActiveBlocks >= 0 && sw.load.KVBlocks > 0 {
 				kv += min(float64(sw.load.ActiveBlocks)/float64(sw.load.KVBlocks), 10)
 				kvN++
 			}
+			if fresh && sw.load.Running >= 0 && sw.load.Waiting >= 0 {
+				requests += float64(sw.load.Running + sw.load.Waiting)
+				reqN++
+			}
 		}
 	}
-	smp := Sample{T: float64(now.UnixNano()) / 1e9, PrefillQueue: math.NaN(), DecodeKV: math.NaN()}
+	smp := Sample{T: float64(now.UnixNano()) / 1e9, PrefillQueue: math.NaN(), DecodeKV: math.NaN(), PrefillTokens: math.NaN(), DecodeRequests: math.NaN()}
+	if tokN > 0 {
+		smp.PrefillTokens = tokens
+	}
+	if reqN > 0 {
+		smp.DecodeRequests = requests
+	}
 	if queueN > 0 {
 		smp.PrefillQueue = waiting / float64(queueN)
 	}

@@ -41,6 +41,8 @@ type Planner struct {
 	NoOperation bool
 	Log         *slog.Logger
 	Metrics     *Metrics // nil: none
+	// SLA, when set, sizes the pools by the profile instead of the load thresholds.
+	SLA *SLATarget
 
 	iv        *Interval
 	start     time.Time // the interval's start
@@ -106,7 +108,12 @@ func (p *Planner) Step(ctx context.Context, now time.Time) {
 		p.iv.Skip()
 		p.Metrics.decided("skipped")
 	default:
-		d := p.iv.Decide(p.startPool)
+		var d Decision
+		if p.SLA != nil {
+			d = p.iv.DecideSLA(p.startPool, p.SLA)
+		} else {
+			d = p.iv.Decide(p.startPool)
+		}
 		p.Log.Info("planner: decision", "action", d.Action(), "operate", !p.NoOperation, "samples", d.Samples,
 			"avg_prefill_queue", nanNil(d.AvgPrefillQueue), "avg_decode_kv", nanNil(d.AvgDecodeKV), "predicted_prefill_queue", nanNil(d.Predicted),
 			"prefill", p.startPool.Prefill, "decode", p.startPool.Decode, "grace", p.iv.Grace(), "why", d.Reasons)

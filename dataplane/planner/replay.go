@@ -39,7 +39,7 @@ func ParseObservation(line []byte) (Sample, error) {
 	if dec.More() {
 		return Sample{}, errors.New("more than one JSON value on the line")
 	}
-	s := Sample{PrefillQueue: math.NaN(), DecodeKV: math.NaN()}
+	s := Sample{PrefillQueue: math.NaN(), DecodeKV: math.NaN(), PrefillTokens: math.NaN(), DecodeRequests: math.NaN()}
 	switch {
 	case o.T == nil:
 		return Sample{}, errors.New(`"t": missing`)

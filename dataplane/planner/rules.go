@@ -71,6 +71,9 @@ type Sample struct {
 	T            float64 // seconds, any origin
 	PrefillQueue float64 // requests waiting for prefill per prefill worker
 	DecodeKV     float64 // mean KV-cache use of decode (or aggregated) workers, 0..1
+	// For SLA mode: prompt tokens waiting for prefill on prefill workers, and requests
+	// running or waiting on decode workers (NaN: not measured; replay leaves them so).
+	PrefillTokens, DecodeRequests float64
 }
 
 // Pools are the worker counts of the two pools. Prefill 0 is an aggregated fleet: its one
@@ -237,6 +240,78 @@ func (iv *Interval) Skip() {
 	if iv.grace > 0 {
 		iv.grace--
 	}
+}
+
+// DecideSLA ends the interval in SLA mode: the pool sizes the interval's mean load needs
+// (target.Needed), approached by at most one worker per pool, within the budgets.
+func (iv *Interval) DecideSLA(p Pools, target *SLATarget) Decision {
+	r := iv.rules
+	d := Decision{AvgPrefillQueue: math.NaN(), AvgDecodeKV: math.NaN(), Predicted: math.NaN(), Samples: len(iv.samples)}
+	var tok, req, q, kv float64
+	var nTok, nReq, nQ, nKV int
+	for _, s := range iv.samples {
+		if !math.IsNaN(s.PrefillTokens) {
+			tok, nTok = tok+s.PrefillTokens, nTok+1
+		}
+		if !math.IsNaN(s.DecodeRequests) {
+			req, nReq = req+s.DecodeRequests, nReq+1
+		}
+		if !math.IsNaN(s.PrefillQueue) {
+			q, nQ = q+s.PrefillQueue, nQ+1
+		}
+		if !math.IsNaN(s.DecodeKV) {
+			kv, nKV = kv+s.DecodeKV, nKV+1
+		}
+	}
+	iv.samples = iv.samples[:0]
+	if nQ > 0 {
+		d.AvgPrefillQueue = q / float64(nQ)
+	}
+	if nKV > 0 {
+		d.AvgDecodeKV = kv / float64(nKV)
+	}
+	if nReq == 0 {
+		d.why("sla: no decode load measured: hold")
+		return d
+	}
+	need, err := target.Needed(tok/float64(max(nTok, 1)), req/float64(nReq))
+	if err != nil {
+		d.why("sla: %v", err)
+		return d
+	}
+	gpus := p.gpus(r)
+	step := func(pool string, have, want, gpu int) int {
+		switch {
+		case want < have && have > r.MinEndpoint && gpus-gpu >= r.MinGPU:
+			gpus -= gpu
+			d.why("sla: %s needs %d, has %d: remove one", pool, want, have)
+			return -1
+		case want > have && gpus+gpu <= r.MaxGPU:
+			gpus += gpu
+			d.why("sla: %s needs %d, has %d: add one", pool, want, have)
+			return 1
+		case want != have:
+			d.why("sla: %s needs %d, has %d, but the budgets hold it", pool, want, have)
+		}
+		return 0
+	}
+	// Scale-downs first, as the load-based rules do.
+	if p.Prefill > 0 && nTok > 0 && need.Prefill < p.Prefill {
+		d.Prefill = step("prefill", p.Prefill, need.Prefill, r.PrefillGPUs)
+	}
+	if need.Decode < p.Decode {
+		d.Decode = step("decode", p.Decode, need.Decode, r.DecodeGPUs)
+	}
+	if p.Prefill > 0 && nTok > 0 && need.Prefill > p.Prefill {
+		d.Prefill = step("prefill", p.Prefill, need.Prefill, r.PrefillGPUs)
+	}
+	if need.Decode > p.Decode {
+		d.Decode = step("decode", p.Decode, need.Decode, r.DecodeGPUs)
+	}
+	if len(d.Reasons) == 0 {
+		d.why("sla: the pools are the size the load needs (prefill %d, decode %d)", need.Prefill, need.Decode)
+	}
+	return d
 }
 
 func (d *Decision) why(format string, a ...any) {
