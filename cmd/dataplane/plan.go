@@ -30,6 +30,8 @@ func init() {
 const planUsage = `Usage:
   dataplane plan [flags]                     watch the fleet and scale its pools (live)
   dataplane plan replay --observations FILE.jsonl --initial-prefill N --initial-decode M [rules]
+  dataplane plan profile --endpoint URL --isl N --osl N --ttft MS --itl MS   (plan profile -h)
+  dataplane plan --sla profile.json --isl N --osl N --ttft MS --itl MS [flags]   SLA mode
 
 replay runs the planner's rules over recorded metric pulls, one JSON object a line
 ({"t": seconds, "prefill_queue": waiting requests per prefill worker, "decode_kv": mean KV use
@@ -44,6 +46,8 @@ func planCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		switch args[0] {
 		case "replay":
 			return planReplay(args[1:], stdout, stderr)
+		case "profile":
+			return planProfile(ctx, args[1:], stdout, stderr)
 		}
 	}
 	return planLive(ctx, args, stdout, stderr)
@@ -144,6 +148,8 @@ type planConfig struct {
 	nats            natsConfig
 	logLevel        slog.Level
 	kube            kubeFlags
+	sla             string // profile.json: SLA mode
+	target          planner.SLATarget
 }
 
 func parsePlanFlags(args []string, stderr io.Writer) (*planConfig, error) {
@@ -162,6 +168,11 @@ func parsePlanFlags(args []string, stderr io.Writer) (*planConfig, error) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8300", `HOST:PORT of /metrics ("" for none)`)
 	fs.StringVar(&c.model, "model", "", "scale only the workers announced with this model (default: any)")
 	kubeFlagSet(fs, &c.kube)
+	fs.StringVar(&c.sla, "sla", "", "SLA mode: size the pools by this profile (plan profile's profile.json) for --isl, --osl, --ttft, --itl")
+	fs.IntVar(&c.target.ISL, "isl", 3000, "SLA mode: the input sequence length")
+	fs.IntVar(&c.target.OSL, "osl", 150, "SLA mode: the output sequence length")
+	fs.Float64Var(&c.target.TTFT, "ttft", 200, "SLA mode: the TTFT target, ms")
+	fs.Float64Var(&c.target.ITL, "itl", 20, "SLA mode: the ITL target, ms")
 	natsFlags(fs, &c.nats, "nats://127.0.0.1:4222")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -182,6 +193,16 @@ func parsePlanFlags(args []string, stderr io.Writer) (*planConfig, error) {
 	}
 	if err := c.nats.check(); err != nil {
 		return usage("%v", err)
+	}
+	if c.sla != "" {
+		if c.target.ISL < 1 || c.target.OSL < 1 || !(c.target.TTFT > 0) || !(c.target.ITL > 0) {
+			return usage("--isl, --osl, --ttft and --itl must be positive")
+		}
+		p, err := planner.LoadProfile(c.sla)
+		if err != nil {
+			return usage("--sla: %v", err)
+		}
+		c.target.Profile, c.target.MinWorkers = p, c.rules.MinEndpoint
 	}
 	if c.nats.url == "none" {
 		return usage("--nats none: the planner reads the fleet's load over NATS")
@@ -241,6 +262,11 @@ func planLive(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 
 	p := &planner.Planner{Rules: c.rules, Source: src, NoOperation: c.noOperation, Log: log, Metrics: planner.NewMetrics()}
+	if c.sla != "" {
+		p.SLA = &c.target
+		r := c.target.Profile.Recommend(c.target.ISL, c.target.OSL, c.target.TTFT, c.target.ITL)
+		log.Info("planner: SLA mode", "profile", c.sla, "ttft_ms", r.TTFTms, "ttft_met", r.TTFTMet, "itl_ms", r.ITLms, "itl_met", r.ITLMet, "decode_kv", r.DecodeKV)
+	}
 	if !c.noOperation {
 		switch c.backend {
 		case "local":

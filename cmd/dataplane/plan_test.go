@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"dataplane/dataplane/planner"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -55,4 +58,60 @@ func TestPlanReplayCommand(t *testing.T) {
 	}
 	stderr.Reset()
 	require.Equal(t, 1, run(context.Background(), []string{"plan", "replay", "--observations", filepath.Join(t.TempDir(), "none")}, &stdout, &stderr))
+}
+
+// startMock runs `dataplane mock` in this process and returns its address.
+func startMock(t *testing.T, args ...string) string {
+	ctx, stop := context.WithCancel(context.Background())
+	var logs lockedBuffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		run(ctx, append([]string{"mock", "--listen", "127.0.0.1:0", "--stats-every", "0"}, args...), &bytes.Buffer{}, &logs)
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	listen := regexp.MustCompile(`listen=(127\.0\.0\.1:\d+)`)
+	var addr string
+	require.Eventually(t, func() bool {
+		if m := listen.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1]
+		}
+		return addr != ""
+	}, 10*time.Second, 10*time.Millisecond)
+	return addr
+}
+
+func TestPlanProfileOnAMock(t *testing.T) {
+	addr := startMock(t, "--speedup", "10", "--kv-blocks", "4096")
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"plan", "profile", "--endpoint", "http://" + addr + "/engines/0", "--out", out,
+		"--max-context-length", "2048", "--prefill-interpolation-granularity", "4", "--decode-interpolation-granularity", "2",
+		"--concurrency", "1,8", "--repeats", "1", "--isl", "1000", "--osl", "16", "--ttft", "1000", "--itl", "100"}, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	for _, want := range []string{"Suggested prefill parallelism: 1 GPUs (TTFT ", "Suggested planner upper/lower bound for prefill queue size: ",
+		"Suggested decode parallelism: 1 GPUs (ITL ", "Suggested planner upper/lower bound for decode kv cache utilization: "} {
+		require.Contains(t, stdout.String(), want)
+	}
+	p, err := planner.LoadProfile(filepath.Join(out, "profile.json"))
+	require.NoError(t, err)
+	require.Equal(t, 4096*16, p.KVTokens, "from vllm:cache_config_info")
+	require.Len(t, p.Prefill, 4)
+	require.Len(t, p.Decode, 4)
+	require.Greater(t, p.TTFT(2000), p.TTFT(100), "longer prompts take longer")
+	for _, name := range []string{"prefill_ttft.png", "decode_itl.png"} {
+		b, err := os.ReadFile(filepath.Join(out, name))
+		require.NoError(t, err)
+		require.Equal(t, "\x89PNG", string(b[:4]), name)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "decode.csv"))
+	require.NoError(t, err)
+	require.Len(t, strings.Split(strings.TrimSpace(string(b)), "\n"), 5, "a header and 4 points")
+
+	stderr.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"plan", "profile", "--endpoint", "x", "--concurrency", "0"}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), "--concurrency")
+	stderr.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"plan", "--sla", filepath.Join(out, "none.json")}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), "--sla")
 }
