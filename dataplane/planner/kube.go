@@ -36,12 +36,12 @@ import (
 
 // KubeOptions configure the kubernetes backend.
 type KubeOptions struct {
-	Server    string // https://host:port
-	Token     string // bearer token ("": none, e.g. a test server)
-	CA        []byte // PEM; nil: the system's
+	Server string // https://host:port
+	Token  string // bearer token ("": none, e.g. a test server)
+	CA     []byte // PEM; nil: the system's
 	// CertPEM and KeyPEM are a client certificate (a kubeconfig's client-certificate-data).
 	CertPEM, KeyPEM []byte
-	Namespace string
+	Namespace       string
 	// Kind is "deployment" or "dynamographdeployment".
 	Kind string
 	// Targets name per pool what is scaled: a Deployment, or the graph's service.
