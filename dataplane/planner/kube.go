@@ -332,8 +332,18 @@ func LoadKubeconfig(path string) (*Kubeconfig, error) {
 	if err != nil {
 		return nil, err
 	}
+	kc, err := ParseKubeconfig(b, filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	return kc, nil
+}
+
+// ParseKubeconfig reads a kubeconfig's current context; files it names (CA, client
+// certificate and key, token) are read relative to dir.
+func ParseKubeconfig(b []byte, dir string) (*Kubeconfig, error) {
 	if len(b) > maxKubeBody {
-		return nil, fmt.Errorf("kubeconfig %s: larger than %d bytes", path, maxKubeBody)
+		return nil, fmt.Errorf("larger than %d bytes", maxKubeBody)
 	}
 	var kc struct {
 		CurrentContext string `json:"current-context"`
@@ -364,7 +374,7 @@ func LoadKubeconfig(path string) (*Kubeconfig, error) {
 		} `json:"users"`
 	}
 	if err := yaml.Unmarshal(b, &kc); err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		return nil, err
 	}
 	out := &Kubeconfig{}
 	var cluster, user string
@@ -375,10 +385,13 @@ func LoadKubeconfig(path string) (*Kubeconfig, error) {
 		}
 	}
 	if !found {
-		return nil, fmt.Errorf("kubeconfig %s: no context %q", path, kc.CurrentContext)
+		return nil, fmt.Errorf("no context %q", kc.CurrentContext)
 	}
-	dir := filepath.Dir(path)
+	var err error
 	file := func(f string) ([]byte, error) {
+		if dir == "" {
+			return nil, fmt.Errorf("%s: no directory to read it from", f)
+		}
 		if !filepath.IsAbs(f) {
 			f = filepath.Join(dir, f)
 		}
@@ -397,7 +410,7 @@ func LoadKubeconfig(path string) (*Kubeconfig, error) {
 		}
 	}
 	if !found {
-		return nil, fmt.Errorf("kubeconfig %s: no cluster %q", path, cluster)
+		return nil, fmt.Errorf("no cluster %q", cluster)
 	}
 	for _, u := range kc.Users {
 		if u.Name != user {

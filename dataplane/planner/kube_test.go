@@ -183,3 +183,14 @@ users:
 	_, err = LoadKubeconfig(path)
 	require.ErrorContains(t, err, `no context "x"`)
 }
+
+func FuzzParseKubeconfig(f *testing.F) {
+	f.Add([]byte("current-context: a\ncontexts: [{name: a, context: {cluster: c, user: u}}]\nclusters: [{name: c, cluster: {server: https://x}}]\nusers: [{name: u, user: {token: t}}]\n"))
+	f.Add([]byte("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\nclusters: [{name: c, cluster: {certificate-authority: /etc/passwd}}]\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		kc, err := ParseKubeconfig(b, "") // no directory: files are never read
+		if err == nil && kc.Namespace == "" {
+			t.Fatal("a parsed kubeconfig has a namespace")
+		}
+	})
+}

@@ -226,21 +226,51 @@ func (t *SLATarget) Needed(prefillTokens, decodeRequests float64) (Pools, error)
 	return need, nil
 }
 
-// LoadProfile reads profile.json and fits it again if its fit is missing.
+// LoadProfile reads profile.json (ParseProfile).
 func LoadProfile(path string) (*Profile, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
+	p, err := ParseProfile(b)
+	if err != nil {
+		return nil, fmt.Errorf("profile %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ParseProfile reads a profile and fits it again if its fit is missing; the points must be
+// finite and in range.
+func ParseProfile(b []byte) (*Profile, error) {
 	if len(b) > 16<<20 {
-		return nil, fmt.Errorf("profile %s: larger than 16 MiB", path)
+		return nil, errors.New("larger than 16 MiB")
 	}
 	var p Profile
 	if err := json.Unmarshal(b, &p); err != nil {
-		return nil, fmt.Errorf("profile %s: %w", path, err)
+		return nil, err
 	}
-	if p.KVTokens <= 0 {
-		return nil, fmt.Errorf("profile %s: kv_tokens %d", path, p.KVTokens)
+	switch {
+	case p.KVTokens <= 0:
+		return nil, fmt.Errorf("kv_tokens %d: want a positive count", p.KVTokens)
+	case p.PrefillGPUs < 0 || p.DecodeGPUs < 0 || p.PrefillGPUs > 1<<16 || p.DecodeGPUs > 1<<16:
+		return nil, fmt.Errorf("prefill_gpus %d, decode_gpus %d: out of range", p.PrefillGPUs, p.DecodeGPUs)
+	case len(p.Prefill) > 1<<16 || len(p.Decode) > 1<<16:
+		return nil, errors.New("more than 65,536 points")
+	}
+	for i, pt := range p.Prefill {
+		if pt.ISL < 1 || !(pt.TTFTms > 0 && pt.TTFTms < 1e9) {
+			return nil, fmt.Errorf("prefill[%d]: isl %d, ttft_ms %v: out of range", i, pt.ISL, pt.TTFTms)
+		}
+	}
+	for i, pt := range p.Decode {
+		if !(pt.Context > 0 && pt.Context < 1e9) || !(pt.KVUsage >= 0 && pt.KVUsage <= 10) || !(pt.ITLms > 0 && pt.ITLms < 1e9) {
+			return nil, fmt.Errorf("decode[%d]: context %v, kv_usage %v, itl_ms %v: out of range", i, pt.Context, pt.KVUsage, pt.ITLms)
+		}
+	}
+	for _, c := range append(p.TTFTFit[:], p.ITLFit[:]...) {
+		if math.IsNaN(c) || math.IsInf(c, 0) {
+			return nil, errors.New("a fit coefficient is not finite")
+		}
 	}
 	if p.TTFTFit == [3]float64{} || p.ITLFit == [4]float64{} {
 		if err := p.Fit(); err != nil {

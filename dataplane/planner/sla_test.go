@@ -111,3 +111,23 @@ func TestProfileFitNeedsPoints(t *testing.T) {
 	p.Decode = []DecodePoint{{KVUsage: 0.1, Context: 100, ITLms: 5}, {KVUsage: 0.2, Context: 100, ITLms: 6}, {KVUsage: 0.3, Context: 100, ITLms: 7}, {KVUsage: 0.4, Context: 100, ITLms: 8}}
 	require.ErrorContains(t, p.Fit(), "more than one context length")
 }
+
+func FuzzParseProfile(f *testing.F) {
+	b, err := os.ReadFile("testdata/sla_profile.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Add([]byte(`{"kv_tokens":1,"prefill":[{"isl":1,"ttft_ms":1}]}`))
+	f.Add([]byte(`{"kv_tokens":1,"ttft_fit":[1,2,3],"itl_fit":[1,2,3,4]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := ParseProfile(b)
+		if err != nil {
+			return
+		}
+		if p.KVTokens <= 0 {
+			t.Fatalf("accepted kv_tokens %d", p.KVTokens)
+		}
+		_ = p.Recommend(1000, 100, 200, 20) // never panics
+	})
+}
