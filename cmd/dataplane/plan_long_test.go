@@ -3,11 +3,10 @@
 package main
 
 // The planner with the local backend against mock engines as processes (`make test-long`):
-// nats-server, a router, and `dataplane plan --backend local` starting aggregated mock engines
-// from a statefile; `bench load --router` drives a ramp (heavy, then a trickle). The decode
-// pool grows by one worker per interval while the KV caches are full, holds for the grace
-// period, then shrinks one by one, each removed worker's lease revoked before its SIGTERM, and
-// every request is answered 200.
+// nats-server, a router, and `dataplane plan --backend local` starting mock engines from a
+// statefile; `bench load --router` drives a ramp (heavy, then a trickle). The pool grows by
+// one worker per interval under load and shrinks when it is gone, as the rules say, and every
+// request is answered 200.
 
 import (
 	"encoding/csv"
@@ -26,7 +25,9 @@ import (
 	"dataplane/bench/synth"
 )
 
-func TestPlannerLong(t *testing.T) {
+// plannerRamp runs the ramp against a pool of mock engines announced with role and
+// scaled as pool, and returns the planner's decisions, its log and the requests' rows.
+func plannerRamp(t *testing.T, role, pool, mockFlags string, removals int) ([]string, string, [][]string) {
 	bin := dataplaneBin(t)
 	natsBin := "nats-server"
 	work := t.TempDir()
@@ -34,14 +35,14 @@ func TestPlannerLong(t *testing.T) {
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
 	ns := startProc(t, "nats-server", natsBin, "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-js", "-sd", filepath.Join(work, "js"))
 	ns.waitLog(t, `Server is ready`, 10*time.Second)
-	router := startProc(t, "router", bin, "router", "--nats", natsURL, "--listen", "127.0.0.1:0", "--lease", "2s", "--roles", "aggregated")
+	router := startProc(t, "router", bin, "router", "--nats", natsURL, "--listen", "127.0.0.1:0", "--lease", "2s", "--roles", role)
 	routerAddr := router.waitLog(t, `listen=(127\.0\.0\.1:\d+)`, 10*time.Second)[1]
 	router.waitLog(t, `msg=fleet `, 10*time.Second)
 
 	// 1024 blocks of 16 tokens an engine: ~7 requests of 2,000 + 300 tokens fill one.
-	mockCmd := fmt.Sprintf("%s mock --engines 1 --name-prefix {name}- --kv-events nats --nats %s --listen 127.0.0.1:0 --stats-every 0 --kv-blocks 1024 --role aggregated --drain-timeout 30s --speedup 5", bin, natsURL)
+	mockCmd := fmt.Sprintf("%s mock --engines 1 --name-prefix {name}- --kv-events nats --nats %s --listen 127.0.0.1:0 --stats-every 0 --role %s --drain-timeout 30s --speedup 5 %s", bin, natsURL, role, mockFlags)
 	state := map[string]any{"namespace": "t", "environment": map[string]any{"SYSTEM_RESOURCES": map[string]any{"gpu_info": []string{"0", "1", "2"}}},
-		"components": map[string]any{"t_decode": map[string]any{"pool": "decode", "cmd": mockCmd, "resources": map[string]any{"allocated_gpus": []string{"0"}}}}}
+		"components": map[string]any{"t_" + pool: map[string]any{"pool": pool, "cmd": mockCmd, "resources": map[string]any{"allocated_gpus": []string{"0"}}}}}
 	b, _ := json.Marshal(state)
 	statefile := filepath.Join(work, "state.json")
 	require.NoError(t, os.WriteFile(statefile, b, 0o600))
@@ -83,11 +84,11 @@ func TestPlannerLong(t *testing.T) {
 	case <-time.After(3 * time.Minute):
 		t.Fatal("bench load did not finish")
 	}
-	// Let the pool shrink back to one (grace 3 intervals, then one a 2 s interval).
+	// Let the pool shrink back to one.
 	decisions := regexp.MustCompile(`msg="planner: decision" action=(\S+)`)
 	require.Eventually(t, func() bool {
 		raw, _ := os.ReadFile(planner.log)
-		return strings.Count(string(raw), "msg=\"planner: change complete\" pool=decode change=remove") >= 2
+		return strings.Count(string(raw), "msg=\"planner: change complete\" pool="+pool+" change=remove") >= removals
 	}, 60*time.Second, 200*time.Millisecond)
 	planner.stop(t)
 
@@ -98,6 +99,31 @@ func TestPlannerLong(t *testing.T) {
 		actions = append(actions, m[1])
 	}
 	t.Logf("decisions: %v", actions)
+	fh, err := os.Open(filepath.Join(out, "requests.csv"))
+	require.NoError(t, err)
+	defer fh.Close()
+	rows, err := csv.NewReader(fh).ReadAll()
+	require.NoError(t, err)
+	require.Len(t, rows, len(recs)+1)
+	return actions, string(raw), rows[1:]
+}
+
+// everyRequestAnswered checks the load's rows: none skipped or failed; it returns the
+// endpoints that served them.
+func everyRequestAnswered(t *testing.T, rows [][]string) map[string]int {
+	endpoints := map[string]int{}
+	for _, r := range rows {
+		require.Equal(t, "false", r[10], "skipped: %v", r)
+		require.Empty(t, r[11], "request %s failed", r[0])
+		endpoints[r[1]]++
+	}
+	return endpoints
+}
+
+// The decode pool (aggregated engines, 1,024 KV blocks each): full KV caches add workers up
+// to the budget, the grace period holds them, then they go one by one, leases revoked first.
+func TestPlannerDecodeLong(t *testing.T) {
+	actions, log, rows := plannerRamp(t, "aggregated", "decode", "--kv-blocks 1024", 2)
 	// The shape the rules give: adds up to the budget (3 GPUs), at least 3 intervals with no
 	// removal after the last add, then removals down to one worker, and nothing else.
 	lastAdd, firstRemove := -1, -1
@@ -121,20 +147,43 @@ func TestPlannerLong(t *testing.T) {
 	require.Equal(t, 2, adds, "1 → 3 workers, the budget: %v", actions)
 	require.Equal(t, 2, removes, "3 → 1 workers: %v", actions)
 	require.GreaterOrEqual(t, firstRemove-lastAdd, 4, "3 intervals of grace after the last add: %v", actions)
-	// Each removal revoked the lease before the SIGTERM.
-	require.Regexp(t, `msg="planner: stopped a worker" name=t_decode_2 pid=\d+ revoked_first=true`, string(raw))
+	require.Regexp(t, `msg="planner: stopped a worker" name=t_decode_2 pid=\d+ revoked_first=true`, log)
+	require.GreaterOrEqual(t, len(everyRequestAnswered(t, rows)), 3, "the added workers served")
+}
 
-	// Every request answered.
-	fh, err := os.Open(filepath.Join(out, "requests.csv"))
-	require.NoError(t, err)
-	rows, err := csv.NewReader(fh).ReadAll()
-	require.NoError(t, err)
-	require.Len(t, rows, len(recs)+1)
-	endpoints := map[string]int{}
-	for _, r := range rows[1:] {
-		require.Equal(t, "false", r[10], "skipped: %v", r)
-		require.Empty(t, r[11], "request %s failed", r[0])
-		endpoints[r[1]]++
+// The prefill pool (engines announced as prefill that run 2 requests at a time, so requests
+// wait): a growing queue adds workers, an empty one removes them at once (no grace), with
+// SIGTERM alone, and each finishes what it has.
+func TestPlannerPrefillLong(t *testing.T) {
+	actions, log, rows := plannerRamp(t, "prefill", "prefill", "--max-seqs 2", 1)
+	// Each decision is what the rules make of its interval's inputs, as logged.
+	line := regexp.MustCompile(`msg="planner: decision" action=(\S+) operate=true samples=\d+ avg_prefill_queue=(\S+) avg_decode_kv=\S+ predicted_prefill_queue=(\S+) prefill=(\d+)`)
+	adds, removes := 0, 0
+	for _, m := range line.FindAllStringSubmatch(log, -1) {
+		avg, _ := strconv.ParseFloat(m[2], 64)
+		workers, _ := strconv.Atoi(m[4])
+		switch m[1] {
+		case "prefill+1":
+			adds++
+			pred, err := strconv.ParseFloat(m[3], 64)
+			require.NoError(t, err)
+			require.True(t, avg > 0.5 && pred > 0.5 && workers < 3, "%s", m[0])
+		case "prefill-1":
+			removes++
+			require.True(t, avg < 0.2 && workers > 1, "%s", m[0])
+		case "hold":
+			if m[2] != "<nil>" {
+				pred, _ := strconv.ParseFloat(m[3], 64)
+				require.False(t, avg < 0.2 && workers > 1, "a removal was due: %s", m[0])
+				require.False(t, avg > 0.5 && m[3] != "<nil>" && pred > 0.5 && workers < 3, "an add was due: %s", m[0])
+			}
+		default:
+			t.Fatalf("unexpected action in %s", m[0])
+		}
 	}
-	require.GreaterOrEqual(t, len(endpoints), 3, "the added workers served: %v", endpoints)
+	require.Len(t, actions, adds+removes+strings.Count(strings.Join(actions, " "), "hold"))
+	require.GreaterOrEqual(t, adds, 1, "%v", actions)
+	require.GreaterOrEqual(t, removes, 1, "%v", actions)
+	require.Regexp(t, `msg="planner: stopped a worker" name=t_prefill_\d+ pid=\d+ revoked_first=false`, log)
+	require.GreaterOrEqual(t, len(everyRequestAnswered(t, rows)), 2, "the added workers served")
 }
