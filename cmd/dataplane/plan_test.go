@@ -5,6 +5,8 @@ import (
 	"context"
 	"dataplane/dataplane/planner"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 )
 
@@ -114,4 +118,49 @@ func TestPlanProfileOnAMock(t *testing.T) {
 	stderr.Reset()
 	require.Equal(t, 2, run(context.Background(), []string{"plan", "--sla", filepath.Join(out, "none.json")}, &stdout, &stderr))
 	require.Contains(t, stderr.String(), "--sla")
+}
+
+// The mock engines serve vLLM's scheduler gauges (vllm/v1/metrics/loggers.py names and
+// labels): what a planner reading engines' Prometheus pages sees.
+func TestMockServesSchedulerGauges(t *testing.T) {
+	addr := startMock(t, "--kv-blocks", "512")
+	scrape := func() map[string]float64 {
+		resp, err := http.Get("http://" + addr + "/engines/0/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := p.TextToMetricFamilies(resp.Body)
+		require.NoError(t, err)
+		out := map[string]float64{}
+		for name, f := range fams {
+			m := f.GetMetric()[0]
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			require.Equal(t, "0", labels["engine"], name)
+			if name != "vllm:cache_config_info" {
+				require.Equal(t, "mock-0", labels["model_name"], name)
+			}
+			out[name] = m.GetGauge().GetValue()
+		}
+		return out
+	}
+	require.Equal(t, map[string]float64{"vllm:cache_config_info": 1, "vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0,
+		"vllm:kv_cache_usage_perc": 0}, scrape())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"mock","prompt":"`+strings.Repeat("hello ", 300)+`","max_tokens":400}`))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	require.Eventually(t, func() bool {
+		g := scrape()
+		return g["vllm:num_requests_running"] == 1 && g["vllm:kv_cache_usage_perc"] > 0 && g["vllm:kv_cache_usage_perc"] < 1
+	}, 5*time.Second, 5*time.Millisecond)
+	<-done
 }
