@@ -148,6 +148,7 @@ type planConfig struct {
 	nats            natsConfig
 	logLevel        slog.Level
 	kube            kubeFlags
+	record          string // observations file
 	sla             string // profile.json: SLA mode
 	target          planner.SLATarget
 }
@@ -167,6 +168,7 @@ func parsePlanFlags(args []string, stderr io.Writer) (*planConfig, error) {
 	fs.BoolVar(&c.stopWorkersExit, "stop-workers-on-exit", false, "local: stop the workers when the planner stops (default: they keep running and the next planner adopts them)")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8300", `HOST:PORT of /metrics ("" for none)`)
 	fs.StringVar(&c.model, "model", "", "scale only the workers announced with this model (default: any)")
+	fs.StringVar(&c.record, "record", "", "append every pull to this file as an observation line (what plan replay reads)")
 	kubeFlagSet(fs, &c.kube)
 	fs.StringVar(&c.sla, "sla", "", "SLA mode: size the pools by this profile (plan profile's profile.json) for --isl, --osl, --ttft, --itl")
 	fs.IntVar(&c.target.ISL, "isl", 3000, "SLA mode: the input sequence length")
@@ -262,6 +264,14 @@ func planLive(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 
 	p := &planner.Planner{Rules: c.rules, Source: src, NoOperation: c.noOperation, Log: log, Metrics: planner.NewMetrics()}
+	if c.record != "" {
+		f, err := os.OpenFile(c.record, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		p.Record = f
+	}
 	if c.sla != "" {
 		p.SLA = &c.target
 		r := c.target.Profile.Recommend(c.target.ISL, c.target.OSL, c.target.TTFT, c.target.ITL)

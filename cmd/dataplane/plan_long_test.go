@@ -9,6 +9,8 @@ package main
 // request is answered 200.
 
 import (
+	"bytes"
+	"context"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
@@ -48,7 +50,8 @@ func plannerRamp(t *testing.T, role, pool, mockFlags string, removals int) ([]st
 	require.NoError(t, os.WriteFile(statefile, b, 0o600))
 	planner := startProc(t, "planner", bin, "plan", "--backend", "local", "--statefile", statefile, "--nats", natsURL,
 		"--adjustment-interval", "2", "--metric-pulling-interval", "0.25", "--max-gpu-budget", "3", "--listen", "127.0.0.1:0",
-		"--worker-output", filepath.Join(work, "workers.log"), "--stop-workers-on-exit", "--stop-timeout", "40s")
+		"--worker-output", filepath.Join(work, "workers.log"), "--stop-workers-on-exit", "--stop-timeout", "40s",
+		"--record", filepath.Join(work, "observations.jsonl"))
 	planner.waitLog(t, `planner: running`, 30*time.Second)
 
 	// The ramp: 8 requests/s of 2,000 + 300 tokens for 10 s, then 1/s of 200 + 20 for 24 s (the
@@ -99,6 +102,12 @@ func plannerRamp(t *testing.T, role, pool, mockFlags string, removals int) ([]st
 		actions = append(actions, m[1])
 	}
 	t.Logf("decisions: %v", actions)
+	// The record replays (its boundaries differ from the live run's by the changes' durations).
+	var replayed bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), []string{"plan", "replay", "--observations", filepath.Join(work, "observations.jsonl"),
+		"--adjustment-interval", "2", "--metric-pulling-interval", "0.25", "--max-gpu-budget", "3", "--initial-prefill", "0", "--initial-decode", "1"},
+		&replayed, os.Stderr))
+	require.GreaterOrEqual(t, strings.Count(replayed.String(), "\n"), len(actions)-2)
 	fh, err := os.Open(filepath.Join(out, "requests.csv"))
 	require.NoError(t, err)
 	defer fh.Close()

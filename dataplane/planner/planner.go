@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"time"
@@ -43,10 +44,13 @@ type Planner struct {
 	Metrics     *Metrics // nil: none
 	// SLA, when set, sizes the pools by the profile instead of the load thresholds.
 	SLA *SLATarget
+	// Record, when set, gets every pull as an observation line `plan replay` reads.
+	Record io.Writer
 
 	iv        *Interval
 	start     time.Time // the interval's start
 	startPool Pools     // the pools at its first pull
+	lastPool  Pools     // and at its last
 	pulled    bool      // the interval has had a pull
 }
 
@@ -79,31 +83,44 @@ func (p *Planner) Step(ctx context.Context, now time.Time) {
 			p.Log = slog.New(slog.DiscardHandler)
 		}
 	}
-	began := time.Now()
+	// The interval [start, start + AdjustInterval) is decided before this tick's pull, which
+	// belongs to the next one: replay draws the same boundaries.
+	if now.Sub(p.start) >= p.Rules.AdjustInterval {
+		now = p.adjust(ctx, now)
+	}
 	s, pools, err := p.Source.Pull(ctx)
 	if err != nil {
 		p.Log.Warn("planner: pull failed", "err", err)
 		p.Metrics.pullFailed()
-	} else {
-		p.iv.Add(s)
-		if !p.pulled {
-			p.startPool, p.pulled = pools, true
-		}
-		p.Log.Debug("planner: pulled", "prefill_queue", s.PrefillQueue, "decode_kv", s.DecodeKV, "prefill", pools.Prefill, "decode", pools.Decode)
-		p.Metrics.pulled(s, pools, p.Rules)
-	}
-	if now.Sub(p.start) < p.Rules.AdjustInterval {
 		return
 	}
+	p.iv.Add(s)
+	if !p.pulled {
+		p.startPool, p.pulled = pools, true
+	}
+	p.lastPool = pools
+	p.Log.Debug("planner: pulled", "prefill_queue", s.PrefillQueue, "decode_kv", s.DecodeKV, "prefill", pools.Prefill, "decode", pools.Decode)
+	p.Metrics.pulled(s, pools, p.Rules)
+	if p.Record != nil {
+		if _, err := p.Record.Write(ObservationLine(s)); err != nil {
+			p.Log.Warn("planner: recording a pull failed", "err", err)
+		}
+	}
+}
+
+// adjust ends the interval at now: a decision (applied and waited for, unless NoOperation)
+// or a skip; it returns when the next interval starts.
+func (p *Planner) adjust(ctx context.Context, now time.Time) time.Time {
+	began := time.Now()
 	switch {
 	case !p.pulled:
 		p.Log.Warn("planner: no pull succeeded in the interval: holding")
 		p.iv.Skip()
 		p.Metrics.decided("skipped")
-	case err == nil && pools != p.startPool:
+	case p.lastPool != p.startPool:
 		// As Dynamo: someone else changed the fleet during the interval; its means describe
 		// neither fleet.
-		p.Log.Info("planner: workers changed during the interval: no adjustment", "prefill", pools.Prefill, "decode", pools.Decode,
+		p.Log.Info("planner: workers changed during the interval: no adjustment", "prefill", p.lastPool.Prefill, "decode", p.lastPool.Decode,
 			"prefill_at_start", p.startPool.Prefill, "decode_at_start", p.startPool.Decode)
 		p.iv.Skip()
 		p.Metrics.decided("skipped")
@@ -125,6 +142,7 @@ func (p *Planner) Step(ctx context.Context, now time.Time) {
 		}
 	}
 	p.start, p.pulled = now, false
+	return now
 }
 
 // apply makes the decision's changes, scale-downs first (they free the GPUs the scale-ups use).

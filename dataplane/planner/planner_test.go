@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -130,18 +131,23 @@ func TestPlannerBlocksDuringAChange(t *testing.T) {
 	pulls := 0
 	src2 := &countingSource{fakeSource: src, n: &pulls}
 	p.Source = src2
-	be.onApply = func() { require.Equal(t, 4, pulls, "no pull while a change is in progress") }
+	// The interval ends at the tick of t=3, before its pull; the change runs then, and the
+	// next pull waits for it.
+	be.onApply = func() { require.Equal(t, 3, pulls, "no pull while a change is in progress") }
 	for i := range 4 {
 		p.Step(context.Background(), t0.Add(time.Duration(i)*time.Second))
 	}
 	require.Equal(t, []string{"add decode"}, be.log)
-	// A failing source: the interval holds.
+	// A failing source: [3+, 7) had the pull at 3 and decides (another add); [7+, 11) has no
+	// pull and holds.
+	be.onApply = nil
 	src.fail = true
-	for i := 4; i <= 7; i++ {
+	for i := 4; i <= 11; i++ {
 		p.Step(context.Background(), t0.Add(time.Duration(i)*time.Second))
 	}
 	require.Equal(t, 1.0, value(p.Metrics.decisions.WithLabelValues("decode", "skipped")))
-	require.Equal(t, 4.0, value(p.Metrics.pulls.WithLabelValues("error")))
+	require.Equal(t, 8.0, value(p.Metrics.pulls.WithLabelValues("error")))
+	require.Equal(t, []string{"add decode", "add decode"}, be.log)
 }
 
 type countingSource struct {
@@ -172,4 +178,34 @@ func value(c prometheus.Collector) float64 {
 		return m.Counter.GetValue()
 	}
 	panic("not a gauge or counter")
+}
+
+// A live planner's record replays to the same decisions.
+func TestPlannerRecordReplays(t *testing.T) {
+	pools := &Pools{2, 1}
+	var series []Sample
+	for i := range 12 {
+		series = append(series, Sample{T: 1000 + float64(i), PrefillQueue: 0.1 * float64(i%4), DecodeKV: 0.5 + 0.04*float64(i)})
+	}
+	src := &fakeSource{s: series, pools: pools}
+	p := newTestPlanner(src, &fakeBackend{pools: pools})
+	var rec strings.Builder
+	p.Record = &rec
+	var logs strings.Builder
+	p.Log = testLogger(&logs)
+	for i := range 12 {
+		p.Step(context.Background(), time.Unix(1000+int64(i), 0))
+	}
+	var live []string
+	for _, m := range regexp.MustCompile(`action=(\S+)`).FindAllStringSubmatch(logs.String(), -1) {
+		live = append(live, m[1])
+	}
+	var replayed []string
+	require.NoError(t, Replay(strings.NewReader(rec.String()), p.Rules, Pools{2, 1}, func(s ReplayStep) error {
+		replayed = append(replayed, s.Action)
+		return nil
+	}))
+	// Live: adjustments at the ticks of 1003, 1006 and 1009; replay also decides [1009, 1012).
+	require.Equal(t, []string{"prefill-1", "hold", "hold"}, live)
+	require.Equal(t, live, replayed[:len(live)])
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 )
 
 // Replay runs the rules over recorded metric pulls (`dataplane plan replay`). Changes complete
@@ -60,6 +61,18 @@ func ParseObservation(line []byte) (Sample, error) {
 		s.DecodeKV = *o.DecodeKV
 	}
 	return s, nil
+}
+
+// ObservationLine is a pull as a line of an observations file (unmeasured fields left out).
+func ObservationLine(s Sample) []byte {
+	b := strconv.AppendFloat([]byte(`{"t":`), s.T, 'f', 3, 64)
+	if !math.IsNaN(s.PrefillQueue) {
+		b = strconv.AppendFloat(append(b, `,"prefill_queue":`...), s.PrefillQueue, 'g', -1, 64)
+	}
+	if !math.IsNaN(s.DecodeKV) {
+		b = strconv.AppendFloat(append(b, `,"decode_kv":`...), s.DecodeKV, 'g', -1, 64)
+	}
+	return append(b, "}\n"...)
 }
 
 // ReplayStep is one output line: the end of an adjustment interval, the pools after its
