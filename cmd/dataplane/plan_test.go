@@ -164,3 +164,34 @@ func TestMockServesSchedulerGauges(t *testing.T) {
 	}, 5*time.Second, 5*time.Millisecond)
 	<-done
 }
+
+// The live command's wiring, in this process: an embedded NATS, a mock engine announcing itself
+// as aggregated, and the planner with --no-operation: its /metrics counts the worker and its
+// KV use, its log has the decisions, and nothing is started or stopped.
+func TestPlanLiveNoOperation(t *testing.T) {
+	ctx, stop := context.WithCancel(context.Background())
+	var logs lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"plan", "--no-operation", "--nats", "embedded", "--nats-listen", "127.0.0.1:0", "--state-dir", t.TempDir(),
+			"--listen", "127.0.0.1:0", "--adjustment-interval", "0.6", "--metric-pulling-interval", "0.2", "--lease", "2s"}, &bytes.Buffer{}, &logs)
+	}()
+	defer func() {
+		stop()
+		require.Equal(t, 0, <-done)
+	}()
+	wait := func(re string) []string {
+		rx := regexp.MustCompile(re)
+		var m []string
+		require.Eventually(t, func() bool { m = rx.FindStringSubmatch(logs.String()); return m != nil }, 10*time.Second, 10*time.Millisecond, re)
+		return m
+	}
+	natsURL := wait(`msg="embedded nats" url=(nats://\S+)`)[1]
+	metricsAddr := wait(`msg="planner: metrics" listen=(\S+)`)[1]
+	startMock(t, "--kv-events", "nats", "--nats", natsURL, "--role", "aggregated", "--kv-blocks", "100", "--lease", "2s")
+	require.Eventually(t, func() bool {
+		return metricValue(t, "http://"+metricsAddr+"/metrics", `dataplane_planner_workers{pool="decode"}`) == "1"
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, "0", metricValue(t, "http://"+metricsAddr+"/metrics", "dataplane_planner_decode_kv_usage_ratio"), "an idle engine")
+	wait(`msg="planner: decision" action=hold operate=false samples=\d+ avg_prefill_queue=<nil> avg_decode_kv=0 `)
+}
