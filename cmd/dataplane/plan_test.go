@@ -169,12 +169,27 @@ func TestMockServesSchedulerGauges(t *testing.T) {
 // as aggregated, and the planner with --no-operation: its /metrics counts the worker and its
 // KV use, its log has the decisions, and nothing is started or stopped.
 func TestPlanLiveNoOperation(t *testing.T) {
+	for _, mode := range []struct {
+		name     string
+		args     []string
+		decision string
+	}{
+		{"load", nil, `msg="planner: decision" action=hold operate=false samples=\d+ avg_prefill_queue=<nil> avg_decode_kv=0 `},
+		// SLA mode: the idle engine needs one decode worker, which it is.
+		{"sla", []string{"--sla", "../../dataplane/planner/testdata/sla_profile.json", "--isl", "3000", "--osl", "300", "--ttft", "200", "--itl", "20"},
+			`msg="planner: decision" action=hold operate=false .* why="\[sla: the pools are the size the load needs \(prefill 1, decode 1\)\]"`},
+	} {
+		t.Run(mode.name, func(t *testing.T) { planLiveNoOperation(t, mode.args, mode.decision) })
+	}
+}
+
+func planLiveNoOperation(t *testing.T, extra []string, decision string) {
 	ctx, stop := context.WithCancel(context.Background())
 	var logs lockedBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"plan", "--no-operation", "--nats", "embedded", "--nats-listen", "127.0.0.1:0", "--state-dir", t.TempDir(),
-			"--listen", "127.0.0.1:0", "--adjustment-interval", "0.6", "--metric-pulling-interval", "0.2", "--lease", "2s"}, &bytes.Buffer{}, &logs)
+		done <- run(ctx, append([]string{"plan", "--no-operation", "--nats", "embedded", "--nats-listen", "127.0.0.1:0", "--state-dir", t.TempDir(),
+			"--listen", "127.0.0.1:0", "--adjustment-interval", "0.6", "--metric-pulling-interval", "0.2", "--lease", "2s"}, extra...), &bytes.Buffer{}, &logs)
 	}()
 	defer func() {
 		stop()
@@ -193,5 +208,5 @@ func TestPlanLiveNoOperation(t *testing.T) {
 		return metricValue(t, "http://"+metricsAddr+"/metrics", `dataplane_planner_workers{pool="decode"}`) == "1"
 	}, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, "0", metricValue(t, "http://"+metricsAddr+"/metrics", "dataplane_planner_decode_kv_usage_ratio"), "an idle engine")
-	wait(`msg="planner: decision" action=hold operate=false samples=\d+ avg_prefill_queue=<nil> avg_decode_kv=0 `)
+	wait(decision)
 }
