@@ -42,7 +42,8 @@ type StateEnvironment struct {
 
 // Component is one process. Cmd is a shell command line (run as `exec CMD` by /bin/sh) in
 // which {name} becomes the entry's name and {gpus} its GPUs, comma-separated; the process gets
-// CUDA_VISIBLE_DEVICES too. It must announce its workers in the fleet under the entry's name,
+// CUDA_VISIBLE_DEVICES too. A restarted planner adopts a recorded pid only if its command line
+// names the entry (so the template should use {name}). It must announce its workers in the fleet under the entry's name,
 // or names that start with it and a hyphen (dataplane mock --name-prefix {name}-).
 type Component struct {
 	Pool      Pool   `json:"pool"`
@@ -247,7 +248,7 @@ func (l *Local) Start(ctx context.Context) error {
 	for _, pool := range []Pool{PoolPrefill, PoolDecode} {
 		for _, name := range s.running(pool) {
 			c := s.Components[name]
-			if c.PID > 0 && alive(c.PID) {
+			if c.PID > 0 && ours(c.PID, name) {
 				l.proc[name] = &localProc{pid: c.PID}
 				l.o.Log.Info("planner: adopted a running worker", "name", name, "pid", c.PID)
 				continue
@@ -326,6 +327,25 @@ func (p *localProc) exited() bool {
 }
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// ours says whether pid is alive and still the worker entry name started: its command line
+// names the entry (a pid the system reused for another process does not), so a restarted
+// planner never signals a stranger.
+func ours(pid int, name string) bool {
+	if !alive(pid) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	for _, arg := range strings.Split(string(b), "\x00") {
+		if strings.Contains(arg, name) {
+			return true
+		}
+	}
+	return false
+}
 
 // Add is Backend's: the next suffix, the first free GPUs, and it returns once the worker is
 // announced.
@@ -431,7 +451,7 @@ func (l *Local) stop(ctx context.Context, s *State, name string, revoke bool) er
 	}
 	p := l.proc[name]
 	c := s.Components[name]
-	if p == nil && c.PID > 0 {
+	if p == nil && c.PID > 0 && ours(c.PID, name) {
 		p = &localProc{pid: c.PID}
 	}
 	if p != nil {

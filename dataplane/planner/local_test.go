@@ -221,3 +221,35 @@ func FuzzParseState(f *testing.F) {
 		}
 	})
 }
+
+// A restarted planner adopts its workers that still run, and never a pid the system reused.
+func TestLocalAdopts(t *testing.T) {
+	l, f, dir := localSetup(t, nil)
+	ctx := context.Background()
+	require.NoError(t, l.Start(ctx))
+	first := readState(t, dir).Components["dp_decode"].PID
+	require.NotZero(t, first)
+	// A second planner over the same statefile: the running worker is adopted, not restarted.
+	l2, err := NewLocal(LocalOptions{StateFile: filepath.Join(dir, "state.json"), Fleet: f, StartTimeout: 20 * time.Second, StopTimeout: 20 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, l2.Start(ctx))
+	require.Equal(t, first, readState(t, dir).Components["dp_decode"].PID)
+	require.Equal(t, first, l2.proc["dp_decode"].pid)
+	// A recorded pid that is another process (this test's): started anew.
+	s := readState(t, dir)
+	c := s.Components["dp_prefill"]
+	l.StopAll()
+	c.PID = os.Getpid()
+	s.Components["dp_prefill"] = c
+	require.NoError(t, l.save(s))
+	for _, n := range []string{"dp_prefill", "dp_decode"} {
+		_ = os.Remove(filepath.Join(dir, n+".up"))
+		_ = os.Remove(filepath.Join(dir, n+".done"))
+	}
+	l3, err := NewLocal(LocalOptions{StateFile: filepath.Join(dir, "state.json"), Fleet: f, StartTimeout: 20 * time.Second, StopTimeout: 20 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(l3.StopAll)
+	require.NoError(t, l3.Start(ctx))
+	require.NotEqual(t, os.Getpid(), readState(t, dir).Components["dp_prefill"].PID)
+	require.FileExists(t, filepath.Join(dir, "dp_prefill.up"))
+}
