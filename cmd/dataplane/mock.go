@@ -112,6 +112,7 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.model, "model", "mock", "with -kv-events nats: the model announced")
 	fs.StringVar(&c.role, "role", "aggregated", "with -kv-events nats: the role announced (aggregated, prefill, decode)")
 	labels := fs.String("labels", "", "with -kv-events nats: topology labels announced, key=value,...")
+	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long requests in flight have to finish (the announcements go first)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("config", "", "YAML file of settings (keys are these flag names)")
 	if err := loadConfig(fs, args, os.Getenv); err != nil {
@@ -141,12 +142,16 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer cleanup()
 
+	// A stop drains: the announcements go at once (routers stop sending), the engines run on
+	// until the requests in flight are answered (or --drain-timeout), then stop.
+	engines, stopEngines := context.WithCancel(context.WithoutCancel(ctx))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer stopEngines()
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = fleet.Run(ctx) }()
+	go func() { defer wg.Done(); _ = fleet.Run(engines) }()
 	if c.statsEvery > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); logFleetStats(ctx, fleet, c.statsEvery, log) }()
@@ -179,7 +184,7 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case <-ctx.Done():
-		shut, done := context.WithTimeout(context.Background(), 5*time.Second)
+		shut, done := context.WithTimeout(context.Background(), *drain)
 		defer done()
 		_ = srv.Shutdown(shut)
 		return nil
