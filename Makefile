@@ -98,8 +98,9 @@ test: deps-test
 
 # The fleet as separate processes on loopback (cmd/dataplane/fleet_long_test.go): a real
 # nats-server with JetStream, two router replicas, two mock fleets, bench load through the
-# routers; a replica killed and restarted, a fleet killed, NATS restarted. A few minutes of two
-# cores, so not part of `make test`.
+# routers; a replica killed and restarted, a fleet killed, NATS restarted; and the planner
+# (cmd/dataplane/plan_long_test.go) scaling decode and prefill pools of mock engines under a
+# load ramp (about a minute). A few minutes of two cores, so not part of `make test`.
 test-long: deps-test build
 	DATAPLANE_BIN=$(CURDIR)/$(BIN) $(GO) test -tags long -count=1 -timeout 15m -run 'Long' -v ./cmd/dataplane
 

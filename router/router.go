@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,10 +192,9 @@ func (r *Router) SetCapacity(name string, blocks int64) error {
 }
 
 func (r *Router) find(name string) *worker {
-	for _, w := range *r.workers.Load() {
-		if w.name == name {
-			return w
-		}
+	ws := *r.workers.Load() // sorted by name (AddWorker)
+	if i, ok := slices.BinarySearchFunc(ws, name, func(w *worker, name string) int { return strings.Compare(w.name, name) }); ok {
+		return ws[i]
 	}
 	return nil
 }
@@ -249,7 +249,11 @@ type Decision struct {
 
 // Score is the named worker's line in the explanation, or nil.
 func (d *Decision) Score(worker string) *WorkerScore {
-	for i := range d.Scores {
+	// Decide lists the workers by name: a binary search finds it in a large fleet.
+	if i, ok := slices.BinarySearchFunc(d.Scores, worker, func(s WorkerScore, name string) int { return strings.Compare(s.Worker, name) }); ok {
+		return &d.Scores[i]
+	}
+	for i := range d.Scores { // a list in another order
 		if d.Scores[i].Worker == worker {
 			return &d.Scores[i]
 		}

@@ -63,20 +63,28 @@ func BenchmarkHash4KEmbeds(b *testing.B) {
 	b.ReportMetric(float64(plain)/float64(ours), "x-plain")
 }
 
-// A whole decision for a 4,096-token prompt over 64 workers (hash, match the cache index, match
-// the active blocks, score, choose), against its two lookups alone: hashing plus index matching
-// in the same loop. x-parts is (hash + match) / decide: the share of the decision they are.
+// A whole decision for a 4,096-token prompt over 64 and 10,000 workers (hash, match the cache
+// index, match the active blocks, score, choose), against its two lookups alone: hashing plus
+// index matching in the same loop. x-parts is (hash + match) / decide: the share of the
+// decision they are; the rest grows with the workers (each is scored).
 func BenchmarkDecide4K(b *testing.B) {
+	for _, workers := range []int{64, 10_000} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) { benchDecide4K(b, workers) })
+	}
+}
+
+func benchDecide4K(b *testing.B, workers int) {
 	rnd := rand.New(rand.NewPCG(5, 6))
 	opts := DefaultOptions()
 	opts.Seed = 1
+	opts.Index.MaxWorkers = workers
 	r, err := New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
 	var names []string
-	for i := range 64 {
-		names = append(names, string(rune('A'+i/26))+string(rune('a'+i%26)))
+	for i := range workers {
+		names = append(names, fmt.Sprintf("w%05d", i))
 		if _, err := r.AddWorker(names[i]); err != nil {
 			b.Fatal(err)
 		}
@@ -89,7 +97,7 @@ func BenchmarkDecide4K(b *testing.B) {
 			p[i] = rnd.Uint32N(150_000)
 		}
 		hs, _ := h.Sequence(nil, p, HashSeed, nil)
-		for _, w := range rnd.Perm(64)[:4] {
+		for _, w := range rnd.Perm(workers)[:4] {
 			r.Index().Store(r.find(names[w]).slot, 0, 0, hs, nil)
 		}
 		prompts = append(prompts, p)

@@ -104,7 +104,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case path == "/engines" && engine < 0:
 		s.listEngines(w)
 	case path == "/metrics" && engine >= 0:
-		s.metrics(w, engine)
+		s.metrics(w, r, engine)
 	case path == "/v1/models":
 		s.models(w, engine)
 	case path == "/v1/completions" && r.Method == http.MethodPost:
@@ -136,13 +136,31 @@ func (s *Server) listEngines(w http.ResponseWriter) {
 	writeJSON(w, out)
 }
 
-// metrics is the part of vLLM's Prometheus page the daemon reads: the cache config's info
-// gauge (vllm/v1/metrics/loggers.py, log_metrics_info), with the engine's own block count.
-func (s *Server) metrics(w http.ResponseWriter, engine int) {
+// metrics is the part of vLLM's Prometheus page the daemon and the planner read: the cache
+// config's info gauge (vllm/v1/metrics/loggers.py, log_metrics_info), with the engine's own
+// block count, and the scheduler gauges vllm:num_requests_running, vllm:num_requests_waiting
+// and vllm:kv_cache_usage_perc (same file, PrometheusStatLogger; labels model_name, engine).
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request, engine int) {
 	o := s.fleet.engines[engine].opts
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n"+
 		"vllm:cache_config_info{block_size=\"%d\",engine=\"0\",num_gpu_blocks=\"%d\"} 1.0\n", o.BlockSize, o.Blocks)
+	loads, err := s.fleet.Loads(r.Context())
+	if err != nil { // the engines are stopping: the info gauge alone
+		return
+	}
+	l := loads[engine]
+	usage := 0.0
+	if l.Blocks > 0 {
+		usage = float64(l.ActiveBlocks) / float64(l.Blocks)
+	}
+	labels := fmt.Sprintf(`{engine="0",model_name=%q}`, s.workers[engine].Name())
+	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\n"+
+		"vllm:num_requests_running%s %d.0\n", labels, l.Running)
+	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\n"+
+		"vllm:num_requests_waiting%s %d.0\n", labels, l.Waiting)
+	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\n"+
+		"vllm:kv_cache_usage_perc%s %s\n", labels, strconv.FormatFloat(usage, 'g', -1, 64))
 }
 
 func (s *Server) models(w http.ResponseWriter, engine int) {

@@ -10,9 +10,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -336,10 +338,12 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		defer kv.close()
 		o.Route = kv
 	}
+	cpu0 := processCPU()
 	rep, err := loadgen.RunInProcess(ctx, fleet, recs, o)
 	if err != nil {
 		return err
 	}
+	cpu := processCPU() - cpu0
 	var entries int64
 	var mean, worst time.Duration
 	for _, l := range fleet.Loops() {
@@ -356,10 +360,29 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		c.fleet.Clock.Speedup, len(recs), rep.Duration.Seconds(), offered)
 	fmt.Fprint(stdout, sum.String())
 	fmt.Fprintf(stdout, "loop entries %d (engine steps and timers); lag behind schedule: mean %v, worst %v\n", entries, mean, worst)
+	fmt.Fprintf(stdout, "process CPU %.1f s over %.1f s: %.2f cores\n", cpu.Seconds(), rep.Duration.Seconds(), cpu.Seconds()/rep.Duration.Seconds())
 	if kv != nil {
 		kv.report(stdout)
 	}
+	fmt.Fprintf(stdout, "live heap after a GC %.1f MiB\n", float64(heapAfterGC())/(1<<20))
 	return writeReport(rep, *out, "fleet")
+}
+
+// processCPU is the user and system CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// heapAfterGC is the live heap after a full collection.
+func heapAfterGC() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
 
 // fleetRouter routes a bench fleet's requests as serve does: the router package over an index
@@ -420,8 +443,15 @@ func newFleetRouter(c *mockConfig, fleet *mocker.Fleet) (*fleetRouter, error) {
 }
 
 func (k *fleetRouter) close() {
-	_ = k.sub.Drain()
-	k.nc.Close()
+	closed := make(chan struct{})
+	k.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if k.nc.Drain() != nil { // delivers what was received, then closes
+		k.nc.Close()
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+	}
 }
 
 func (k *fleetRouter) report(w io.Writer) {

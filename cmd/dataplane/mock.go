@@ -131,6 +131,7 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&c.layout.Racks, "racks", 0, "and over this many racks per zone, labelled rack=zone-Z-rack-R")
 	fs.StringVar(&c.qos, "kv-transfer-qos", "", "disaggregated decode steps wait the KV cache's move from the prefill engine: per-level links as the router's flag (zone=2ms@5GB/s,...,local=...), or @FILE; \"\": instant")
 	fs.Float64Var(&c.transfer.BytesPerToken, "kv-bytes-per-token", 131072, "the KV cache's bytes per token the move carries")
+	drain := fs.Duration("drain-timeout", 30*time.Second, "on SIGTERM, how long requests in flight have to finish (the announcements go first)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("config", "", "YAML file of settings (keys are these flag names)")
 	if err := loadConfig(fs, args, os.Getenv); err != nil {
@@ -178,12 +179,16 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer cleanup()
 
+	// A stop drains: the announcements go at once (routers stop sending), the engines run on
+	// until the requests in flight are answered (or --drain-timeout), then stop.
+	engines, stopEngines := context.WithCancel(context.WithoutCancel(ctx))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer stopEngines()
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = fleet.Run(ctx) }()
+	go func() { defer wg.Done(); _ = fleet.Run(engines) }()
 	if c.statsEvery > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); logFleetStats(ctx, fleet, c.statsEvery, log) }()
@@ -217,7 +222,7 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case <-ctx.Done():
-		shut, done := context.WithTimeout(context.Background(), 5*time.Second)
+		shut, done := context.WithTimeout(context.Background(), *drain)
 		defer done()
 		_ = srv.Shutdown(shut)
 		return nil
