@@ -56,7 +56,7 @@ func Choose(scores []WorkerScore, temperature, u float64) int {
 		if !s.Eligible {
 			continue
 		}
-		lo, hi = math.Min(lo, s.Cost), math.Max(hi, s.Cost)
+		lo, hi = min(lo, s.Cost), max(hi, s.Cost) // the builtins: math.Min and Max are calls here
 		if best < 0 || better(s, &scores[best]) {
 			best = i
 		}
