@@ -40,8 +40,8 @@ type Worker int
 // per worker does it), and nothing may store for a worker after RemoveWorker.
 type Index struct {
 	opts   Options
-	words  int // mask words per tier (the id layout: per tier of an overflow bitmap)
-	stride int // words per slot: key + tiers × words (the id layout: key + ids.hw)
+	words  int       // mask words per tier (the id layout: per tier of an overflow bitmap)
+	stride int       // words per slot: key + tiers × words (the id layout: key + ids.hw)
 	ids    *idLayout // the id layout (ids.go); nil in the mask layout
 	sums   bool      // one mask word, one tier: group summaries and match1
 	shift  uint
