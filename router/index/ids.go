@@ -14,10 +14,11 @@ import (
 // more workers than fit points to an overflow bitmap in its shard's pool (a shared system
 // prompt on hundreds of workers).
 //
-// Inline entries are eb bits each, 64/eb to a word, 0 = empty, in any order, a worker at most
-// once:
-//   - eb = 16 (one tier, fewer than 65,536 workers): worker + 1, four in one word;
-//   - eb = 32 (more tiers): tier mask << 16 | worker (the mask is never 0), two in a word, two words.
+// Inline entries are eb bits each, 64/eb to a word, 0 = empty, a worker at most once:
+//   - eb = 16 (one tier, fewer than 65,536 workers): worker + 1, four in one word, in ascending
+//     order (empty ones last), so that equal sets are equal words;
+//   - eb = 32 (more tiers): tier mask << 16 | worker (the mask is never 0), two in a word, two
+//     words, in no order.
 //
 // An overflowed slot's first holder word is its bitmap's index << 32 | ovfMark, the rest 0: no
 // word of entries has its low 32 bits all ones (that would be one worker twice, or a tier mask
@@ -183,6 +184,10 @@ func (s *shard) setID(t *table, i, w, tier int) bool {
 		}
 	}
 	if free >= 0 {
+		if l.eb == 16 { // kept sorted: the word is the set's one spelling (summary.go compares them)
+			hw[0].Store(add16(hw[0].Load(), l.entry(w, bit)))
+			return true
+		}
 		wd, sh := free/l.per, uint(free%l.per)*l.eb
 		hw[wd].Store(hw[wd].Load() | l.entry(w, bit)<<sh)
 		return true
@@ -271,7 +276,11 @@ func (s *shard) dropAt(t *table, i, w, t0, t1 int, cleared []int64) int {
 				n++
 			}
 		}
-		if n > 0 {
+		switch {
+		case n == 0:
+		case l.eb == 16:
+			hw[0].Store(drop16(hw[0].Load(), e))
+		default:
 			ne := uint64(0)
 			if keep != 0 {
 				ne = l.entry(w, keep)
@@ -281,6 +290,38 @@ func (s *shard) dropAt(t *table, i, w, t0, t1 int, cleared []int64) int {
 		return n
 	}
 	return 0
+}
+
+// add16 adds entry e to x, a word of 16-bit entries in ascending order (empty ones last) with
+// room for one more.
+func add16(x, e uint64) uint64 {
+	var out uint64
+	sh := uint(0)
+	for k := range 4 {
+		v := x >> (16 * k) & 0xffff
+		if e != 0 && (v == 0 || v > e) {
+			out |= e << sh
+			sh, e = sh+16, 0
+		}
+		if v != 0 {
+			out |= v << sh
+			sh += 16
+		}
+	}
+	return out
+}
+
+// drop16 drops entry e from x, a word of 16-bit entries in ascending order (empty ones last).
+func drop16(x, e uint64) uint64 {
+	var out uint64
+	sh := uint(0)
+	for k := range 4 {
+		if v := x >> (16 * k) & 0xffff; v != 0 && v != e {
+			out |= v << sh
+			sh += 16
+		}
+	}
+	return out
 }
 
 // toInline moves the holders of overflowed slot i (bitmap idx, bm; few enough to fit) back into

@@ -3,6 +3,7 @@ package index
 import (
 	"fmt"
 	"math/bits"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -356,5 +357,51 @@ func TestMatchHoldersMasks(t *testing.T) {
 	require.Empty(t, m.Holders())
 	for _, w := range ws {
 		require.Zero(t, m.Blocks(w, 1), "counts of the last query are cleared")
+	}
+}
+
+// A prompt whose first blocks more workers hold than a lookup lists (sparseMax): the lookup
+// holds them as masks, ANDs the next overflowed bitmap into them where fewer hold on, and
+// lists the few that hold the rest; on two tiers, the slower counting the faster.
+func TestMatchIDsManyHolders(t *testing.T) {
+	for _, tiers := range []int{1, 2} {
+		t.Run(fmt.Sprint(tiers), func(t *testing.T) {
+			ix, err := New(Options{MaxWorkers: 10_000, Tiers: tiers, Shards: 4})
+			require.NoError(t, err)
+			r := testrand.New(t)
+			const many = 2 * sparseMax
+			spreadWorkers(r, ix, many)
+			chain := testrand.Hashes(r, 60)
+			want := map[Worker][]int{} // per tier
+			for i := range many {
+				w, _ := ix.AddWorker(0)
+				n := 20 // everyone: a system prompt
+				if i < many-10 {
+					n = 30 // most of them, on: the bitmaps differ at block 20
+				}
+				if i < 3 {
+					n = 60 // the conversation's few
+				}
+				tier := i % tiers
+				ix.Store(w, tier, 0, chain[:n], nil)
+				want[w] = []int{n}
+				if tiers == 2 {
+					want[w] = []int{n * (1 - tier), n}
+				}
+				if i == 1 && tiers == 2 { // on tier 1, and a faster copy of its first 25 blocks
+					ix.Store(w, 0, 0, chain[:25], nil)
+					want[w][0] = 25
+				}
+			}
+			var m Match
+			ix.Match(chain, &m)
+			require.Len(t, m.Holders(), many)
+			for w, n := range want {
+				for tier := range tiers {
+					require.Equal(t, n[tier], m.Blocks(w, tier), "worker %d tier %d", w, tier)
+				}
+			}
+			require.NoError(t, checkHolders(&m, slices.Collect(maps.Keys(want))))
+		})
 	}
 }

@@ -44,6 +44,7 @@ type Index struct {
 	stride int       // words per slot: key + tiers × words (the id layout: key + ids.hw)
 	ids    *idLayout // the id layout (ids.go); nil in the mask layout
 	sums   bool      // one mask word, one tier: group summaries and match1
+	idSums bool      // the id layout with 16-bit entries: group summaries of its own (summary.go)
 	shift  uint
 	shards []shard
 
@@ -108,12 +109,13 @@ func newIndex(opts Options, ids bool) (*Index, error) {
 		ix.stride = 1 + ix.ids.hw
 	}
 	ix.sums = ix.ids == nil && ix.stride == 2
+	ix.idSums = ix.ids != nil && ix.ids.eb == 16
 	if opts.Shards == 1 {
 		ix.shift = 64 // x >> 64 is 0 in Go
 	}
 	for i := range ix.shards {
 		ix.shards[i].tab.Store(newTable(minSlots, ix.stride))
-		if ix.sums { // one mask word, one tier: lookups read group summaries (summary.go)
+		if ix.sums || ix.idSums { // lookups read group summaries (summary.go)
 			ix.shards[i].setSum(newTable(minSlots, 2))
 		}
 		if ix.ids != nil {
@@ -314,7 +316,7 @@ func (ix *Index) store1(parent, seq uint64, prev stored, h holder) (uint64, bool
 // resum recomputes the summary of the group with home `home` (summary.go), if the index keeps
 // summaries.
 func (ix *Index) resum(home uint64) {
-	if !ix.sums {
+	if !ix.sums && !ix.idSums {
 		return
 	}
 	s := ix.shardOf(home)

@@ -223,14 +223,19 @@ func (e *engineSim) clear(w Worker) {
 // the index and the model and compares every worker's overlap for random queries after each
 // step, plus the entry and block counts. It returns the first disagreement.
 func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
-	opts := ix.Options()
-	sim := newEngineSim(ix, u)
-	mod := sim.mod
-	var live []Worker
 	workers := 5
 	if ix.ids != nil { // more holders than fit inline: blocks overflow and shrink back
 		workers = 2 * inlineEntries
 	}
+	return checkAgainstModelWith(r, ix, u, steps, workers)
+}
+
+// checkAgainstModelWith is checkAgainstModel with that many workers.
+func checkAgainstModelWith(r *rand.Rand, ix *Index, u *universe, steps, workers int) error {
+	opts := ix.Options()
+	sim := newEngineSim(ix, u)
+	mod := sim.mod
+	var live []Worker
 	spreadWorkers(r, ix, workers)
 	for range workers {
 		w, err := ix.AddWorker(0)
@@ -395,6 +400,19 @@ func modelLayouts() []layout {
 		{Options{MaxWorkers: 200, Tiers: 3, Shards: 1}, true},    // 32-bit ids with tier masks
 		{Options{MaxWorkers: 10_000, Tiers: 1, Shards: 4}, true}, // a fleet
 		{Options{MaxWorkers: 10_000, Tiers: 2, Shards: 2}, true},
+	}
+}
+
+// More holders than a lookup keeps as a list (sparseMax): a prompt's first blocks overflowed and
+// held by so many that the lookup holds them as masks, and ANDs further bitmaps into them.
+func TestIndexAgainstModelManyHolders(t *testing.T) {
+	r := testrand.New(t)
+	for _, l := range []layout{{Options{MaxWorkers: 10_000, Tiers: 1, Shards: 4}, true}, {Options{MaxWorkers: 10_000, Tiers: 2, Shards: 2}, true}} {
+		t.Run(l.String(), func(t *testing.T) {
+			ix, err := l.build()
+			require.NoError(t, err)
+			require.NoError(t, checkAgainstModelWith(r, ix, newUniverse(r, 24, 40), 1000, 3*sparseMax/2))
+		})
 	}
 }
 

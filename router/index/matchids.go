@@ -1,6 +1,9 @@
 package index
 
-import "math/bits"
+import (
+	"math/bits"
+	"unsafe"
+)
 
 // Lookups in the id layout (ids.go).
 //
@@ -27,13 +30,23 @@ type spEntry struct{ w, lvl int32 }
 // matchIDs is Match for the id layout.
 func (ix *Index) matchIDs(seqs []uint64, m *Match) {
 	l := ix.ids
-	m.keys = ChainKeys(m.keys[:0], seqs)
+	n := len(seqs)
+	m.keys = resize(m.keys, n)
 	keys := m.keys
-	n := len(keys)
 	m.sp, m.live, m.dense = m.sp[:0], m.live[:0], false
 	var addrs [2 * matchRun]uintptr
-	ix.prefetchSlots(keys[:min(matchRun, n)], addrs[:0])
-	next := matchRun // the first block not prefetched yet
+	// With summaries (16-bit entries), a group's keys are computed when it is walked, and the
+	// slots prefetched are those of the groups the summaries do not let it skip (readSums);
+	// without, all keys at once, and a run of slots ahead.
+	var sums [sumWindow]uint64
+	var ovfs uint32 // bit g: sums[g] is a bitmap hash
+	const window = sumWindow * keyGroup
+	next := n
+	if !ix.idSums {
+		fillKeys(keys, seqs)
+		ix.prefetchSlots(keys[:min(matchRun, n)], addrs[:0])
+		next = matchRun // the first block not prefetched yet
+	}
 	var hs [keyGroup * 2]uint64
 	hw := l.hw
 	j := 0
@@ -41,6 +54,43 @@ func (ix *Index) matchIDs(seqs []uint64, m *Match) {
 		if j+matchRun >= next && next < n {
 			ix.prefetchSlots(keys[next:min(next+matchRun, n)], addrs[:0])
 			next += matchRun
+		}
+		if ix.idSums && j%keyGroup == 0 {
+			if j%window == 0 {
+				ovfs = ix.readSums(seqs[j:min(j+window, n)], &sums, addrs[:0])
+			}
+			end := min(j+keyGroup, n)
+			if g := j % window / keyGroup; end-j == keyGroup && sums[g] != 0 {
+				sig, ovf := [2]uint64{sums[g], 0}, ovfs>>g&1 != 0
+				if ovf {
+					sig = [2]uint64{ovfMark, sums[g]}
+				}
+				// Every block of the group has the holders sig: apply them once (an overflowed
+				// set only when the block before had it; else the group is walked).
+				switch {
+				case j > 0 && sig == m.sig:
+					j = end
+					continue
+				case ovf:
+				case j == 0:
+					m.startInline(l, sig[:1])
+					m.sig, j = sig, end
+					continue
+				default:
+					m.sig = sig
+					if m.dense {
+						m.denseToList(l, sig[:1], j)
+					} else {
+						m.listStep(l, sig[:1], nil, j)
+					}
+					if len(m.sp) == 0 {
+						return
+					}
+					j = end
+					continue
+				}
+			}
+			fillKeys(keys[j:end], seqs[j:])
 		}
 		key := keys[j]
 		end := min(j+keyGroup-keyPos(key), n)
@@ -56,6 +106,7 @@ func (ix *Index) matchIDs(seqs []uint64, m *Match) {
 			}
 			break // nobody holds block j
 		}
+		ix.prefetchBitmaps(s, hs[:cnt*hw], hw, addrs[:0])
 		for k := range cnt {
 			if !m.stepIDs(l, s, keys[j+k], hs[k*hw:(k+1)*hw], v, j+k) {
 				return
@@ -64,6 +115,74 @@ func (ix *Index) matchIDs(seqs []uint64, m *Match) {
 		j += cnt
 	}
 	m.endIDs(l, j)
+}
+
+// readSums reads the summaries of the full groups of blocks with sequence hashes seqs (seqs[0]
+// starting a group; at most sumWindow groups) into sums (0: none, or a writer moved summaries
+// meanwhile, and the group is walked) and returns which are bitmap hashes (bit g). It then
+// prefetches the slots of the groups a walk will likely read: those without a summary, those
+// whose bitmap hash is not the group's before, and a partial group at the end.
+func (ix *Index) readSums(seqs []uint64, sums *[sumWindow]uint64, addrs []uintptr) (ovfs uint32) {
+	var sks [sumWindow]uint64
+	ng := len(seqs) / keyGroup
+	prefetch(ix.prefetchSums(seqs, &sks, addrs[:0]))
+	for g := range ng {
+		s := ix.shardOf(sks[g])
+		sums[g] = 0
+		for range 4 { // a writer moving the shard's summaries on every try: walk the group
+			v := s.version.Load()
+			if v&1 != 0 {
+				continue
+			}
+			slots, mask := s.sumSlots.Load(), s.sumMask.Load()
+			if s.version.Load() != v {
+				continue
+			}
+			c, ovf := readSum(slots, mask, sks[g])
+			if s.version.Load() == v {
+				sums[g] = c
+				if ovf {
+					ovfs |= 1 << g
+				}
+				break
+			}
+		}
+	}
+	addrs, walks := addrs[:0], 0
+	for g := range ng {
+		ovf := ovfs>>g&1 != 0
+		if sums[g] != 0 && (!ovf || g > 0 && sums[g] == sums[g-1] && ovfs>>(g-1)&1 != 0) {
+			continue
+		}
+		if walks++; walks > sumWalksAhead {
+			break
+		}
+		addrs = ix.appendGroup1(addrs, OwnKey(seqs[g*keyGroup]))
+	}
+	if len(seqs)%keyGroup != 0 && walks < sumWalksAhead {
+		addrs = ix.appendGroup1(addrs, OwnKey(seqs[ng*keyGroup]))
+	}
+	prefetch(addrs)
+	return ovfs
+}
+
+// prefetchBitmaps prefetches the headers of the overflowed blocks among a run read from s
+// (holder words hs, hw per block): a system prompt's group is sixteen bitmaps, whose hashes
+// the lookup compares one after another.
+func (ix *Index) prefetchBitmaps(s *shard, hs []uint64, hw int, addrs []uintptr) {
+	var p *bitmapPool
+	for q := 0; q < len(hs); q += hw {
+		if !overflowed(hs[q]) {
+			continue
+		}
+		if p == nil {
+			p = s.ids.pool.Load()
+		}
+		if off := int(hs[q]>>32) * ix.ids.size; off < len(p.words) {
+			addrs = append(addrs, uintptr(unsafe.Pointer(&p.words[off])))
+		}
+	}
+	prefetch(addrs)
 }
 
 // stepIDs applies block i (key in shard s; holder words h, read at version v) to the lookup's
