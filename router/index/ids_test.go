@@ -2,8 +2,8 @@ package index
 
 import (
 	"fmt"
-	"math/bits"
 	"maps"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"testing"

@@ -37,7 +37,7 @@ const (
 	// sumOverflow is sumFirst's bit in the id layout's summaries: the value is a bitmap hash
 	// (every block of the group is overflowed, with the same holders).
 	sumOverflow = sumFirst
-	sumMark  = 1 << 63 // set in every summary key, so none is 0 (an empty slot)
+	sumMark     = 1 << 63 // set in every summary key, so none is 0 (an empty slot)
 	// sumWindow is how many groups' summaries a lookup reads (and prefetches) at once: an
 	// 8K-token prompt's 32, and the next window's while it walks.
 	sumWindow = 32
