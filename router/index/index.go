@@ -452,6 +452,9 @@ type Match struct {
 	n, tiers, maxWorkers int
 	blocks               []int32  // [tier*maxWorkers + worker]
 	holders              []Worker // the workers with a count > 0 on some tier
+	// scan: holders is not kept while matching (match1: at most 64 workers, whose counts
+	// Holders reads instead), scanned: Holders has listed them since.
+	scan, scanned bool
 	active, buf          []uint64
 	keys                 []uint64 // the query's keys (scratch)
 	live, sel            []int32  // mask words still in play, and their indexes in a slot (scratch)
@@ -474,11 +477,27 @@ func (m *Match) Blocks(w Worker, tier int) int { return int(m.blocks[tier*m.maxW
 // Holders lists the workers that hold at least the query's first block on some tier (Blocks(w,
 // Tiers-1) > 0), each once, in no particular order: a caller can score only these instead of
 // every worker slot. It is valid until the next Match with m.
-func (m *Match) Holders() []Worker { return m.holders }
+func (m *Match) Holders() []Worker {
+	if m.scan && !m.scanned { // (one mask word, one tier: 64 counts to look at)
+		m.holders = m.holders[:0]
+		for w, n := range m.blocks {
+			if n > 0 {
+				m.holders = append(m.holders, Worker(w))
+			}
+		}
+		m.scanned = true
+	}
+	return m.holders
+}
+
+// clearAll is the most counts a Match clears all of: below it, clearing them (a few lines) costs
+// less than clearing the last query's holders one by one; 64 workers on up to 4 tiers.
+const clearAll = 256
 
 func (m *Match) reset(ix *Index, n int) {
 	tiers, maxWorkers := ix.opts.Tiers, ix.opts.MaxWorkers
-	if tiers != m.tiers || maxWorkers != m.maxWorkers || len(m.blocks) != tiers*maxWorkers {
+	if tiers != m.tiers || maxWorkers != m.maxWorkers || len(m.blocks) != tiers*maxWorkers || m.scan ||
+		len(m.blocks) <= clearAll {
 		m.blocks = resize(m.blocks, tiers*maxWorkers)
 		clear(m.blocks)
 	} else {
@@ -492,6 +511,7 @@ func (m *Match) reset(ix *Index, n int) {
 	}
 	m.n, m.tiers, m.maxWorkers = n, tiers, maxWorkers
 	m.holders = m.holders[:0]
+	m.scan, m.scanned = ix.sums, false
 	m.active = resize(m.active, m.tiers*ix.words)
 	if ix.ids != nil {
 		m.buf = resize(m.buf, m.tiers*ix.words)
@@ -516,13 +536,13 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	if len(seqs) == 0 {
 		return
 	}
-	if ix.ids != nil {
-		ix.matchIDs(seqs, m)
-		return
-	}
 	if ix.sums {
 		m.keys = resize(m.keys, len(seqs)) // match1 computes the keys of the groups it walks
 		ix.match1(seqs, m)
+		return
+	}
+	if ix.ids != nil {
+		ix.matchIDs(seqs, m)
 		return
 	}
 	m.keys = ChainKeys(m.keys[:0], seqs)
@@ -611,6 +631,14 @@ func (m *Match) record(t, wd int, gone uint64, n int) {
 			m.holders = append(m.holders, Worker(wd*64+b))
 		}
 		gone &= gone - 1
+	}
+}
+
+// record1 is record for match1 (one mask word, one tier), which lists no holders.
+func (m *Match) record1(gone uint64, n int) {
+	blocks := (*[64]int32)(m.blocks)
+	for ; gone != 0; gone &= gone - 1 {
+		blocks[bits.TrailingZeros64(gone)] = int32(n)
 	}
 }
 
@@ -743,7 +771,7 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 				for k, h := range hs[:n] {
 					if na := active & h; na != active {
 						if i := base + j + k; i > 0 {
-							m.record(0, 0, active&^na, i)
+							m.record1(active&^na, i)
 						}
 						if active = na; active == 0 {
 							return
@@ -754,7 +782,7 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 			j += n
 		}
 	}
-	m.record(0, 0, active, len(keys))
+	m.record1(active, len(keys))
 }
 
 // branch rewrites the keys of the rest of a group, keys (sequence hashes seqs), for a group
