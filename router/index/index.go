@@ -455,9 +455,9 @@ type Match struct {
 	// scan: holders is not kept while matching (match1: at most 64 workers, whose counts
 	// Holders reads instead), scanned: Holders has listed them since.
 	scan, scanned bool
-	active, buf          []uint64
-	keys                 []uint64 // the query's keys (scratch)
-	live, sel            []int32  // mask words still in play, and their indexes in a slot (scratch)
+	active, buf   []uint64
+	keys          []uint64 // the query's keys (scratch)
+	live, sel     []int32  // mask words still in play, and their indexes in a slot (scratch)
 
 	// The id layout's lookup (matchids.go): its workers as a list while few, else as masks in
 	// active and live.
