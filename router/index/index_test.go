@@ -770,7 +770,7 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 					removed[w].Store(true)
 					cur++
 				}
-				if wi == 0 && step%20 == 0 && ix.bitmapsInUse() > 0 {
+				if step%5 == 0 && !sawOverflow.Load() && ix.bitmapsInUse() > 0 {
 					sawOverflow.Store(true)
 				}
 				// Read your own writes: only this goroutine writes these workers.
@@ -1012,7 +1012,7 @@ func TestIndexAgainstModelConcurrently(t *testing.T) {
 		{layout: layout{Options{MaxWorkers: 64, Tiers: 1, Shards: 4}, true}, writers: 6, slotsPerWriter: 4, readers: 3, steps: 1200},
 		{layout: layout{Options{MaxWorkers: 200, Tiers: 2, Shards: 2}, true}, writers: 6, slotsPerWriter: 3, readers: 2, steps: 1200},
 		{layout: layout{Options{MaxWorkers: 10_000, Tiers: 1, Shards: 4}, true}, writers: 6, slotsPerWriter: 3, readers: 2, steps: 1200},
-		{layout: layout{Options{MaxWorkers: 10_000, Tiers: 2, Shards: 2}, true}, writers: 6, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 60},
+		{layout: layout{Options{MaxWorkers: 10_000, Tiers: 2, Shards: 2}, true}, writers: 8, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 60},
 	} {
 		name := fmt.Sprintf("%v/writers=%d/cap=%d", c.layout, c.writers, c.capacity)
 		t.Run(name, func(t *testing.T) {
