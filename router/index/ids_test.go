@@ -156,18 +156,23 @@ func (ix *Index) checkIDSets() error {
 				}
 				continue
 			}
-			seen := map[int]bool{}
+			var seen []int
 			for q := range ws {
+				prev := uint64(0)
 				for x := ws[q].Load(); x != 0; x >>= l.eb {
 					e := x & l.emask
 					if e == 0 {
 						continue
 					}
 					w, tm := l.decode(e)
-					if seen[w] || w >= ix.opts.MaxWorkers || tm == 0 || tm >= 1<<l.tiers {
+					if slices.Contains(seen, w) || w >= ix.opts.MaxWorkers || tm == 0 || tm >= 1<<l.tiers {
 						return fmt.Errorf("shard %d: key %#x: inline entry %#x (worker %d twice, or out of range)", si, key, e, w)
 					}
-					seen[w] = true
+					if l.eb == 16 && e < prev { // (zeros past the last: x ends there)
+						return fmt.Errorf("shard %d: key %#x: inline entries %#x out of order", si, key, ws[q].Load())
+					}
+					prev = e
+					seen = append(seen, w)
 				}
 			}
 			if len(seen) == 0 {

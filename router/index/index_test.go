@@ -411,7 +411,7 @@ func TestIndexAgainstModelManyHolders(t *testing.T) {
 		t.Run(l.String(), func(t *testing.T) {
 			ix, err := l.build()
 			require.NoError(t, err)
-			require.NoError(t, checkAgainstModelWith(r, ix, newUniverse(r, 24, 40), 1000, 3*sparseMax/2))
+			require.NoError(t, checkAgainstModelWith(r, ix, newUniverse(r, 24, 40), 250, 3*sparseMax/2))
 		})
 	}
 }
