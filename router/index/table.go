@@ -7,17 +7,19 @@ import (
 )
 
 // One shard of the index: an open-addressing hash table (linear probing) from sequence hash to
-// holder bit masks, written under mu and read without any lock.
+// holders, written under mu and read without any lock.
 //
 // Slots are flat runs of `stride` atomic words: the key (0 = empty), then tiers × words mask
 // words (bit w of word w/64 of tier t: worker w holds the block on tier t or faster is NOT
-// implied; each tier has its own bits). Every word is read and written atomically, so readers
-// never see a torn word and the race detector sees no race.
+// implied; each tier has its own bits), or in the id layout a few worker ids (ids.go). Every
+// word is read and written atomically, so readers never see a torn word and the race detector
+// sees no race.
 //
-// Readers are optimistic (a seqlock): setting or clearing a holder bit is one atomic word and
-// needs nothing more; only changes that move keys (deleting a key shifts later keys of its
-// probe run back, a resize swaps the table) make version odd for their duration. A reader that
-// saw the version change retries; it never waits on a lock.
+// Readers are optimistic (a seqlock): setting or clearing a holder bit (or an inline id) is one
+// atomic word and needs nothing more; only changes that move keys (deleting a key shifts later
+// keys of its probe run back, a resize swaps the table) and, in the id layout, every change to
+// an overflow bitmap or the pool make version odd for their duration. A reader that saw the
+// version change retries; it never waits on a lock.
 type shard struct {
 	version atomic.Uint64
 	tab     atomic.Pointer[table]
