@@ -57,7 +57,7 @@ func (c *Counts) Incr(seqs []uint64, w Worker) {
 				n := &t.words(i)[0]
 				n.Store(n.Load() + 1)
 			} else {
-				c.sh.insert(k, 0, 1)
+				c.sh.insert(k, holder{bit: 1})
 			}
 		}
 	}

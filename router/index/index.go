@@ -15,8 +15,9 @@ import (
 
 // Options size an Index. DefaultOptions has the defaults.
 type Options struct {
-	// MaxWorkers is how many workers can be registered at once; rounded up to a multiple of 64
-	// (one mask word per 64 workers per tier). Default 64.
+	// MaxWorkers is how many workers can be registered at once; rounded up to a multiple of 64.
+	// Up to maskMaxWorkers a block's holders are a bit mask (one word per 64 workers per tier);
+	// past that a small set of worker ids that overflows into a bitmap (ids.go). Default 64.
 	MaxWorkers int
 	// Tiers is the number of storage tiers tracked per block (tier 0 is device memory; vLLM's
 	// "GPU" medium; further tiers e.g. "CPU"). Default 1.
@@ -39,8 +40,11 @@ type Worker int
 // per worker does it), and nothing may store for a worker after RemoveWorker.
 type Index struct {
 	opts   Options
-	words  int // mask words per tier
-	stride int // words per slot: key + tiers × words
+	words  int       // mask words per tier (the id layout: per tier of an overflow bitmap)
+	stride int       // words per slot: key + tiers × words (the id layout: key + ids.hw)
+	ids    *idLayout // the id layout (ids.go); nil in the mask layout
+	sums   bool      // one mask word, one tier: group summaries and match1
+	idSums bool      // the id layout with 16-bit entries: group summaries of its own (summary.go)
 	shift  uint
 	shards []shard
 
@@ -71,8 +75,17 @@ func (e *ErrNoWorkerSlot) Error() string {
 	return fmt.Sprintf("index full: %d workers registered (index.Options.MaxWorkers)", e.Max)
 }
 
+// maskMaxWorkers is the most workers the mask layout is chosen for: one mask word, the layout the
+// group summaries and the fastest lookups are built for. Past it a slot with a word per 64
+// workers per tier costs more than a set of ids (NOTES.md, "An index for fleets").
+const maskMaxWorkers = 64
+
 // New returns an empty index.
-func New(opts Options) (*Index, error) {
+func New(opts Options) (*Index, error) { return newIndex(opts, opts.MaxWorkers > maskMaxWorkers) }
+
+// newIndex is New with the layout chosen by the caller (tests and benchmarks use both layouts at
+// sizes New would not choose them for).
+func newIndex(opts Options, ids bool) (*Index, error) {
 	switch {
 	case opts.MaxWorkers <= 0 || opts.MaxWorkers > 1<<16:
 		return nil, &ErrOptions{"MaxWorkers", fmt.Sprintf("%d: want 1..65536", opts.MaxWorkers)}
@@ -91,13 +104,22 @@ func New(opts Options) (*Index, error) {
 		shards:  make([]shard, opts.Shards),
 		workers: make([]workerState, opts.MaxWorkers),
 	}
+	if ids {
+		ix.ids = newIDLayout(opts.MaxWorkers, opts.Tiers)
+		ix.stride = 1 + ix.ids.hw
+	}
+	ix.sums = ix.ids == nil && ix.stride == 2
+	ix.idSums = ix.ids != nil && ix.ids.eb == 16
 	if opts.Shards == 1 {
 		ix.shift = 64 // x >> 64 is 0 in Go
 	}
 	for i := range ix.shards {
 		ix.shards[i].tab.Store(newTable(minSlots, ix.stride))
-		if ix.stride == 2 { // one mask word, one tier: lookups read group summaries (summary.go)
+		if ix.sums || ix.idSums { // lookups read group summaries (summary.go)
 			ix.shards[i].setSum(newTable(minSlots, 2))
+		}
+		if ix.ids != nil {
+			ix.shards[i].ids = newIDSets(ix.ids)
 		}
 		ix.shards[i].scratch = make([]uint64, ix.stride-1)
 	}
@@ -154,7 +176,7 @@ func (ix *Index) ClearWorker(w Worker) {
 	for i := range ix.shards {
 		s := &ix.shards[i]
 		s.mu.Lock()
-		s.clearWorker(word, bit, 0, ix.opts.Tiers, ix.words, 0, -1, cleared)
+		s.clearWorker(int(w), word, bit, 0, ix.opts.Tiers, ix.words, 0, -1, cleared)
 		s.mu.Unlock()
 	}
 	for tier, n := range cleared {
@@ -167,6 +189,12 @@ func (ix *Index) ClearWorker(w Worker) {
 // bits only past 2^32 slots in all.
 func (ix *Index) shardOf(key uint64) *shard { return &ix.shards[(key<<32)>>ix.shift] }
 
+// holderOf is worker w on tier in both layouts' terms.
+func (ix *Index) holderOf(w Worker, tier int) holder {
+	word, bit := bitOf(int(w))
+	return holder{word: word + tier*ix.words, bit: bit, w: int(w), tier: tier}
+}
+
 // Store records that worker w holds a chain of blocks on tier: seqs are their sequence hashes,
 // first block first, and parent is the key of the block before the first (0: the chain starts a
 // sequence). It writes each block's key (keys.go) to keys[i] (keys may be nil when the caller
@@ -177,8 +205,7 @@ func (ix *Index) shardOf(key uint64) *shard { return &ix.shards[(key<<32)>>ix.sh
 // worker's entries in table order from a rotating cursor: the engine's own LRU order is not
 // visible to a router, so the cap is a guard against lost remove events, not a cache model.
 func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) int {
-	word, bit := bitOf(int(w))
-	word += tier * ix.words
+	h := ix.holderOf(w, tier)
 	added := 0
 	var ahead [matchRun]uint64
 	var addrs [2 * matchRun]uintptr
@@ -198,7 +225,7 @@ func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) i
 				ix.prefetchHome(BranchKey(ahead[0], seq))
 			}
 		}
-		key, isNew, st := ix.store1(parent, seq, last, word, bit)
+		key, isNew, st := ix.store1(parent, seq, last, h)
 		last = st
 		if h := homeOf(key); h != home || i == 0 {
 			if dirty {
@@ -230,31 +257,30 @@ type stored struct {
 	redirects uint64
 }
 
-// store1 sets holder bit (word, bit) of the block with sequence hash seq whose parent has key
-// parent (prev: what storing the parent found) and returns the block's key, whether the bit was
-// newly set, and what the next block needs to know. A block that would continue its parent's
+// store1 adds holder h to the block with sequence hash seq whose parent has key
+// parent (prev: what storing the parent found) and returns the block's key, whether h was new, and what the next block needs to know. A block that would continue its parent's
 // group goes there unless a sibling holds that place; then it goes to its branch key
 // (keys.go). A block never has both keys at once: deciding needs both candidate shards locked
 // (in shard order, the only place two are held; TryLock out of order, else both again in
 // order), except where the parent was created by this very store and no block of the shard has
 // gone to its branch key since. Then the block cannot have a branch key (it would have needed the
 // parent to get one), and a new block in a new sequence costs one lock and one probe.
-func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (uint64, bool, stored) {
+func (ix *Index) store1(parent, seq uint64, prev stored, h holder) (uint64, bool, stored) {
 	ck := ChildKey(parent, seq)
 	sc := ix.shardOf(ck)
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	if !continues(ck) {
-		added, created := sc.setBit(ck, word, bit)
+		added, created := sc.setBit(ck, h)
 		return ck, added, stored{created, sc.redirects}
 	}
 	t := sc.tab.Load()
 	i, blocked := t.probe(ck)
 	if i >= 0 { // the block is there: the common case for a block stored before
-		return ck, sc.setAt(t, i, word, bit), stored{}
+		return ck, sc.setAt(t, i, h), stored{}
 	}
 	if !blocked && prev.created && prev.redirects == sc.redirects {
-		sc.insert(ck, word, bit)
+		sc.insert(ck, h)
 		return ck, true, stored{true, sc.redirects}
 	}
 	bk := BranchKey(ck, seq)
@@ -269,28 +295,28 @@ func (ix *Index) store1(parent, seq uint64, prev stored, word int, bit uint64) (
 			t = sc.tab.Load()
 			if i, blocked = t.probe(ck); i >= 0 {
 				so.mu.Unlock()
-				return ck, sc.setAt(t, i, word, bit), stored{}
+				return ck, sc.setAt(t, i, h), stored{}
 			}
 		}
 		defer so.mu.Unlock()
 	}
 	to := so.tab.Load()
 	if j := to.find(bk); j >= 0 {
-		return bk, so.setAt(to, j, word, bit), stored{}
+		return bk, so.setAt(to, j, h), stored{}
 	}
 	if blocked {
 		sc.redirects++
-		so.insert(bk, word, bit)
+		so.insert(bk, h)
 		return bk, true, stored{true, so.redirects}
 	}
-	sc.insert(ck, word, bit)
+	sc.insert(ck, h)
 	return ck, true, stored{true, sc.redirects}
 }
 
 // resum recomputes the summary of the group with home `home` (summary.go), if the index keeps
 // summaries.
 func (ix *Index) resum(home uint64) {
-	if ix.stride != 2 {
+	if !ix.sums && !ix.idSums {
 		return
 	}
 	s := ix.shardOf(home)
@@ -339,19 +365,18 @@ func (ix *Index) MoveKey(w Worker, held uint8, old, pk, seq, key uint64, tier in
 // clearEach clears worker w's bit on tier for each key, under its shard's lock, prefetching runs
 // of slots ahead, and counts the bits that were set.
 func (ix *Index) clearEach(w Worker, tier int, keys []uint64) int {
-	word, bit := bitOf(int(w))
-	word += tier * ix.words
+	h := ix.holderOf(w, tier)
 	changed := 0
 	var addrs [2 * matchRun]uintptr
 	dirty := false // a bit of the current group changed: its summary is recomputed at the group's end
-	for i, h := range keys {
+	for i, k := range keys {
 		if i%matchRun == 0 {
 			ix.prefetchSlots(keys[i:min(i+matchRun, len(keys))], addrs[:0])
 		}
-		key := keyOf(h)
+		key := keyOf(k)
 		s := ix.shardOf(key)
 		s.mu.Lock()
-		if s.clearBit(key, word, bit) {
+		if s.clearBit(key, h) {
 			changed++
 			dirty = true
 		}
@@ -383,7 +408,7 @@ func (ix *Index) enforceCap(w Worker, tier int) {
 		}
 		s := &ix.shards[c.shard]
 		s.mu.Lock()
-		next := s.clearWorker(word, bit, tier, tier+1, ix.words, c.slot, int(excess), cleared)
+		next := s.clearWorker(int(w), word, bit, tier, tier+1, ix.words, c.slot, int(excess), cleared)
 		s.mu.Unlock()
 		ws.counts[tier].Add(-cleared[tier])
 		cleared[tier] = 0
@@ -422,13 +447,25 @@ func (ix *Index) Held(w Worker, tier int) int64 { return ix.workers[w].counts[ti
 // Match is the answer to a query: for each worker and tier, how many leading blocks of the
 // query the worker holds on that tier or a faster one (tier 0: device memory only; tier 1:
 // device or the next tier, ...). Reuse one Match per goroutine; it allocates only when the
-// index layout is larger than the last one it served.
+// index layout is larger than the last one it served (or a query has more holders).
 type Match struct {
 	n, tiers, maxWorkers int
-	blocks               []int32 // [tier*maxWorkers + worker]
-	active, buf          []uint64
-	keys                 []uint64 // the query's keys (scratch)
-	live, sel            []int32  // mask words still in play, and their indexes in a slot (scratch)
+	blocks               []int32  // [tier*maxWorkers + worker]
+	holders              []Worker // the workers with a count > 0 on some tier
+	// scan: holders is not kept while matching (match1: at most 64 workers, whose counts
+	// Holders reads instead), scanned: Holders has listed them since.
+	scan, scanned bool
+	active, buf   []uint64
+	keys          []uint64 // the query's keys (scratch)
+	live, sel     []int32  // mask words still in play, and their indexes in a slot (scratch)
+
+	// The id layout's lookup (matchids.go): its workers as a list while few, else as masks in
+	// active and live.
+	sp    []spEntry
+	lv    []int32 // scratch: each sp worker's lowest tier in an overflowed block
+	dense bool
+	sig   [2]uint64 // the holder set of the block before
+	one   [2]uint64 // scratch: one slot's holder words
 }
 
 // Len is the number of blocks queried.
@@ -437,12 +474,50 @@ func (m *Match) Len() int { return m.n }
 // Blocks is how many leading blocks of the query worker w holds on tier or a faster one.
 func (m *Match) Blocks(w Worker, tier int) int { return int(m.blocks[tier*m.maxWorkers+int(w)]) }
 
+// Holders lists the workers that hold at least the query's first block on some tier (Blocks(w,
+// Tiers-1) > 0), each once, in no particular order: a caller can score only these instead of
+// every worker slot. It is valid until the next Match with m.
+func (m *Match) Holders() []Worker {
+	if m.scan && !m.scanned { // (one mask word, one tier: 64 counts to look at)
+		m.holders = m.holders[:0]
+		for w, n := range m.blocks {
+			if n > 0 {
+				m.holders = append(m.holders, Worker(w))
+			}
+		}
+		m.scanned = true
+	}
+	return m.holders
+}
+
+// clearAll is the most counts a Match clears all of: below it, clearing them (a few lines) costs
+// less than clearing the last query's holders one by one; 64 workers on up to 4 tiers.
+const clearAll = 256
+
 func (m *Match) reset(ix *Index, n int) {
-	m.n, m.tiers, m.maxWorkers = n, ix.opts.Tiers, ix.opts.MaxWorkers
-	m.blocks = resize(m.blocks, m.tiers*m.maxWorkers)
-	clear(m.blocks)
+	tiers, maxWorkers := ix.opts.Tiers, ix.opts.MaxWorkers
+	if tiers != m.tiers || maxWorkers != m.maxWorkers || len(m.blocks) != tiers*maxWorkers || m.scan ||
+		len(m.blocks) <= clearAll {
+		m.blocks = resize(m.blocks, tiers*maxWorkers)
+		clear(m.blocks)
+	} else {
+		// Only the holders' counts are non-zero (a worker counted on a tier is counted on the last
+		// tier too: tiers include the faster ones): O(holders), not O(MaxWorkers).
+		for _, w := range m.holders {
+			for t := range tiers {
+				m.blocks[t*maxWorkers+int(w)] = 0
+			}
+		}
+	}
+	m.n, m.tiers, m.maxWorkers = n, tiers, maxWorkers
+	m.holders = m.holders[:0]
+	m.scan, m.scanned = ix.sums, false
 	m.active = resize(m.active, m.tiers*ix.words)
-	m.buf = resize(m.buf, ix.stride-1)
+	if ix.ids != nil {
+		m.buf = resize(m.buf, m.tiers*ix.words)
+	} else {
+		m.buf = resize(m.buf, ix.stride-1)
+	}
 }
 
 func resize[T any](s []T, n int) []T {
@@ -461,9 +536,13 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	if len(seqs) == 0 {
 		return
 	}
-	if ix.stride == 2 {
+	if ix.sums {
 		m.keys = resize(m.keys, len(seqs)) // match1 computes the keys of the groups it walks
 		ix.match1(seqs, m)
+		return
+	}
+	if ix.ids != nil {
+		ix.matchIDs(seqs, m)
 		return
 	}
 	m.keys = ChainKeys(m.keys[:0], seqs)
@@ -540,12 +619,26 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	m.live = live
 }
 
-// record sets the count of every worker in gone (mask word wd of tier t) to n.
+// record sets the count of every worker in gone (mask word wd of tier t) to n (> 0), and lists
+// them in holders on the last tier (where every counted worker ends).
 func (m *Match) record(t, wd int, gone uint64, n int) {
 	base := t*m.maxWorkers + wd*64
+	last := t == m.tiers-1
 	for gone != 0 {
-		m.blocks[base+bits.TrailingZeros64(gone)] = int32(n)
+		b := bits.TrailingZeros64(gone)
+		m.blocks[base+b] = int32(n)
+		if last {
+			m.holders = append(m.holders, Worker(wd*64+b))
+		}
 		gone &= gone - 1
+	}
+}
+
+// record1 is record for match1 (one mask word, one tier), which lists no holders.
+func (m *Match) record1(gone uint64, n int) {
+	blocks := (*[64]int32)(m.blocks)
+	for ; gone != 0; gone &= gone - 1 {
+		blocks[bits.TrailingZeros64(gone)] = int32(n)
 	}
 }
 
@@ -659,19 +752,26 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 			stale := v&1 != 0 || s.version.Load() != v
 			if act != active || stale {
 				// Some worker's overlap ends in this group (or a writer moved keys meanwhile and
-				// the group is read again properly): find the block where each one ends.
-				for k := range n {
-					switch {
-					case stale:
-						h = s.read1(run[j+k])
-					case k == 0:
-						h = h0 // (the slot of an absent first block may be one being filled)
-					default:
-						h = slots[((first+uint64(k))&mask)*2+1].Load()
+				// the group is read again properly): find the block where each one ends. The
+				// masks read again here are checked against the version again: a writer that
+				// shifted the group since would hand the lookup another block's holders.
+				var hs [keyGroup]uint64
+				if !stale {
+					hs[0] = h0 // (the slot of an absent first block may be one being filled)
+					for k := 1; k < n; k++ {
+						hs[k] = slots[((first+uint64(k))&mask)*2+1].Load()
 					}
+					stale = s.version.Load() != v
+				}
+				if stale {
+					for k := range n {
+						hs[k] = s.read1(run[j+k])
+					}
+				}
+				for k, h := range hs[:n] {
 					if na := active & h; na != active {
 						if i := base + j + k; i > 0 {
-							m.record(0, 0, active&^na, i)
+							m.record1(active&^na, i)
 						}
 						if active = na; active == 0 {
 							return
@@ -682,7 +782,7 @@ func (ix *Index) match1(seqs []uint64, m *Match) {
 			j += n
 		}
 	}
-	m.record(0, 0, active, len(keys))
+	m.record1(active, len(keys))
 }
 
 // branch rewrites the keys of the rest of a group, keys (sequence hashes seqs), for a group

@@ -223,11 +223,21 @@ func (e *engineSim) clear(w Worker) {
 // the index and the model and compares every worker's overlap for random queries after each
 // step, plus the entry and block counts. It returns the first disagreement.
 func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
+	workers := 5
+	if ix.ids != nil { // more holders than fit inline: blocks overflow and shrink back
+		workers = 2 * inlineEntries
+	}
+	return checkAgainstModelWith(r, ix, u, steps, workers)
+}
+
+// checkAgainstModelWith is checkAgainstModel with that many workers.
+func checkAgainstModelWith(r *rand.Rand, ix *Index, u *universe, steps, workers int) error {
 	opts := ix.Options()
 	sim := newEngineSim(ix, u)
 	mod := sim.mod
 	var live []Worker
-	for range 5 {
+	spreadWorkers(r, ix, workers)
+	for range workers {
 		w, err := ix.AddWorker(0)
 		if err != nil {
 			return err
@@ -235,6 +245,7 @@ func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 		live = append(live, w)
 	}
 	var m Match
+	overflowed := 0 // the most blocks in overflow bitmaps at once
 	for step := range steps {
 		w := live[r.IntN(len(live))]
 		tier := r.IntN(opts.Tiers)
@@ -273,6 +284,9 @@ func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 					}
 				}
 			}
+			if err := checkHolders(&m, live); err != nil {
+				return fmt.Errorf("step %d: %w", step, err)
+			}
 		}
 		if got, want := ix.Entries(), mod.entries(); got != want {
 			return fmt.Errorf("step %d: %d entries, model %d", step, got, want)
@@ -280,9 +294,16 @@ func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 		if err := ix.checkSummaries(); err != nil {
 			return fmt.Errorf("step %d: %w", step, err)
 		}
+		if err := ix.checkIDSets(); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
+		overflowed = max(overflowed, ix.bitmapsInUse())
 		if got, want := ix.Blocks(), int64(len(mod.held)); got != want {
 			return fmt.Errorf("step %d: %d blocks, model %d", step, got, want)
 		}
+	}
+	if ix.ids != nil && overflowed == 0 {
+		return errors.New("no block ever overflowed its inline holders: the check tests no bitmap")
 	}
 	return checkBlocksExactly(ix, u, mod, nil)
 }
@@ -293,12 +314,17 @@ func checkAgainstModel(r *rand.Rand, ix *Index, u *universe, steps int) error {
 func checkBlocksExactly(ix *Index, u *universe, mod *model, capped map[Worker]bool) error {
 	opts := ix.Options()
 	for _, ch := range u.chains {
-		words := ix.chainWords(ch)
-		for i, ws := range words {
-			for w := range opts.MaxWorkers {
-				wd, bit := bitOf(w)
+		for i, hs := range ix.chainHolders(ch) {
+			ws := map[int]bool{} // the workers either side says hold the block
+			for w := range hs {
+				ws[w] = true
+			}
+			for wt := range mod.held[ch[i]] {
+				ws[wt[0]] = true
+			}
+			for w := range ws {
 				for t := range opts.Tiers {
-					got := ws != nil && ws[t*ix.words+wd]&bit != 0
+					got := hs[w]>>t&1 != 0
 					want := mod.held[ch[i]][[2]int{w, t}]
 					if got != want && (!capped[Worker(w)] || got) {
 						return fmt.Errorf("block %d of a chain: worker %d tier %d holds it: index %v, model %v", i, w, t, got, want)
@@ -330,34 +356,87 @@ func (ix *Index) chainSlots(seqs []uint64) (tabs []*table, slots []int) {
 	return tabs, slots
 }
 
-// chainWords returns each block's mask words (chainSlots), nil for a block not in the index.
-func (ix *Index) chainWords(seqs []uint64) [][]uint64 {
-	out := make([][]uint64, len(seqs))
+// chainHolders returns each block's holders (chainSlots, slotHolders), nil for a block not in
+// the index.
+func (ix *Index) chainHolders(seqs []uint64) []map[int]uint64 {
+	out := make([]map[int]uint64, len(seqs))
 	tabs, slots := ix.chainSlots(seqs)
+	var parent uint64
 	for i, slot := range slots {
+		key := ChildKey(parent, seqs[i])
 		if slot >= 0 {
-			ws := tabs[i].words(slot)
-			for j := range ws {
-				out[i] = append(out[i], ws[j].Load())
-			}
+			key = tabs[i].slots[slot*tabs[i].stride].Load()
+			out[i] = ix.slotHolders(ix.shardOf(key), tabs[i], slot)
 		}
+		parent = key
 	}
 	return out
 }
 
-func modelLayouts() []Options {
-	return []Options{
-		{MaxWorkers: 64, Tiers: 1, Shards: 4},  // the one-word fast path
-		{MaxWorkers: 130, Tiers: 2, Shards: 2}, // three words, two tiers
-		{MaxWorkers: 8, Tiers: 3, Shards: 1},
+// layout is an index shape the model checks run on: New's options, and which layout (New
+// picks the id layout past maskMaxWorkers; the checks also run it below).
+type layout struct {
+	opts Options
+	ids  bool
+}
+
+func (l layout) String() string {
+	kind := "masks"
+	if l.ids {
+		kind = "ids"
+	}
+	return fmt.Sprintf("%s/workers=%d/tiers=%d/shards=%d", kind, l.opts.MaxWorkers, l.opts.Tiers, l.opts.Shards)
+}
+
+func (l layout) build() (*Index, error) { return newIndex(l.opts, l.ids) }
+
+func modelLayouts() []layout {
+	return []layout{
+		{Options{MaxWorkers: 64, Tiers: 1, Shards: 4}, false},  // the one-word fast path
+		{Options{MaxWorkers: 130, Tiers: 2, Shards: 2}, false}, // three words, two tiers
+		{Options{MaxWorkers: 8, Tiers: 3, Shards: 1}, false},
+		{Options{MaxWorkers: 64, Tiers: 1, Shards: 4}, true},     // 16-bit ids
+		{Options{MaxWorkers: 200, Tiers: 1, Shards: 2}, true},    // what New picks at 200
+		{Options{MaxWorkers: 200, Tiers: 3, Shards: 1}, true},    // 32-bit ids with tier masks
+		{Options{MaxWorkers: 10_000, Tiers: 1, Shards: 4}, true}, // a fleet
+		{Options{MaxWorkers: 10_000, Tiers: 2, Shards: 2}, true},
+	}
+}
+
+// More holders than a lookup keeps as a list (sparseMax): a prompt's first blocks overflowed and
+// held by so many that the lookup holds them as masks, and ANDs further bitmaps into them.
+func TestIndexAgainstModelManyHolders(t *testing.T) {
+	r := testrand.New(t)
+	for _, l := range []layout{{Options{MaxWorkers: 10_000, Tiers: 1, Shards: 4}, true}, {Options{MaxWorkers: 10_000, Tiers: 2, Shards: 2}, true}} {
+		t.Run(l.String(), func(t *testing.T) {
+			ix, err := l.build()
+			require.NoError(t, err)
+			require.NoError(t, checkAgainstModelWith(r, ix, newUniverse(r, 24, 40), 250, 3*sparseMax/2))
+		})
+	}
+}
+
+func TestNewPicksLayout(t *testing.T) {
+	for _, c := range []struct {
+		workers, tiers int
+		ids            bool
+		eb             uint
+	}{{64, 1, false, 0}, {64, 2, false, 0}, {65, 1, true, 16}, {10_000, 1, true, 16}, {10_000, 2, true, 32}, {65_535, 1, true, 32}, {65_472, 1, true, 16}} {
+		ix, err := New(Options{MaxWorkers: c.workers, Tiers: c.tiers, Shards: 1})
+		require.NoError(t, err)
+		require.Equal(t, c.ids, ix.ids != nil, "%d workers", c.workers)
+		if c.ids {
+			require.Equal(t, c.eb, ix.ids.eb, "%d workers, %d tiers", c.workers, c.tiers)
+			require.Equal(t, 1+inlineEntries*int(c.eb)/64, ix.stride)
+		}
 	}
 }
 
 func TestIndexAgainstModel(t *testing.T) {
 	r := testrand.New(t)
-	for _, opts := range modelLayouts() {
-		t.Run(fmt.Sprintf("workers=%d/tiers=%d/shards=%d", opts.MaxWorkers, opts.Tiers, opts.Shards), func(t *testing.T) {
-			ix, err := New(opts)
+	for _, l := range modelLayouts() {
+		t.Run(l.String(), func(t *testing.T) {
+			ix, err := l.build()
 			require.NoError(t, err)
 			require.NoError(t, checkAgainstModel(r, ix, newUniverse(r, 24, 40), 1500))
 		})
@@ -383,32 +462,53 @@ func breakDeletes(t *testing.T) (mend func()) {
 // the check can see a broken index.
 func TestModelCheckCatchesBrokenIndex(t *testing.T) {
 	r := testrand.New(t)
-	ix, err := New(Options{MaxWorkers: 64, Tiers: 1, Shards: 1})
-	require.NoError(t, err)
-	breakDeletes(t)
-	err = checkAgainstModel(r, ix, newUniverse(r, 24, 40), 1500)
-	require.Error(t, err)
-	t.Logf("caught: %v", err)
+	for _, l := range []layout{{Options{MaxWorkers: 64, Tiers: 1, Shards: 1}, false}, {Options{MaxWorkers: 10_000, Tiers: 2, Shards: 1}, true}} {
+		t.Run(l.String(), func(t *testing.T) {
+			ix, err := l.build()
+			require.NoError(t, err)
+			mend := breakDeletes(t)
+			err = checkAgainstModel(r, ix, newUniverse(r, 24, 40), 1500)
+			mend()
+			require.Error(t, err)
+			t.Logf("caught: %v", err)
+		})
+	}
 }
 
 // Readers race writers: a pinned worker's chains never change, so every concurrent Match must
 // report them exactly, while other workers' stores and removes over the same hashes insert,
-// shift, grow and shrink the very tables the readers probe. Run under -race.
+// shift, grow and shrink the very tables the readers probe (and in the id layout move blocks
+// into overflow bitmaps and back, and the bitmaps in their pools). Run under -race.
 func TestIndexConcurrentReadersSeeConsistentState(t *testing.T) {
+	for _, l := range []layout{
+		{Options{MaxWorkers: 64, Tiers: 1, Shards: 2}, false},
+		{Options{MaxWorkers: 64, Tiers: 1, Shards: 2}, true},
+		{Options{MaxWorkers: 10_000, Tiers: 1, Shards: 2}, true},
+	} {
+		t.Run(l.String(), func(t *testing.T) { testConcurrentReaders(t, l) })
+	}
+}
+
+func testConcurrentReaders(t *testing.T, l layout) {
 	r := testrand.New(t)
-	ix, err := New(Options{MaxWorkers: 64, Tiers: 1, Shards: 2})
+	ix, err := l.build()
 	require.NoError(t, err)
 	u := newUniverse(r, 32, 48)
+	others := 3
+	if ix.ids != nil { // the pinned worker and these: more than fit inline
+		others = 2 * inlineEntries
+	}
+	spreadWorkers(r, ix, others+1)
 	pinned, _ := ix.AddWorker(0)
 	pinnedChains := u.chains[:4]
 	for _, c := range pinnedChains {
 		ix.Store(pinned, 0, 0, c, nil)
 	}
 	sim := newEngineSim(ix, u)
-	var others []Worker
-	for range 3 {
+	var writers []Worker
+	for range others {
 		w, _ := ix.AddWorker(0)
-		others = append(others, w)
+		writers = append(writers, w)
 	}
 
 	var stop atomic.Bool
@@ -432,7 +532,7 @@ func TestIndexConcurrentReadersSeeConsistentState(t *testing.T) {
 		}()
 	}
 	for step := range 4000 {
-		w := others[step%len(others)]
+		w := writers[step%len(writers)]
 		c, a, b := u.pick(r)
 		if r.IntN(2) == 0 {
 			require.NoError(t, sim.store(w, 0, c, a, b))
@@ -459,8 +559,14 @@ func TestIndexConcurrentReadersSeeConsistentState(t *testing.T) {
 
 // Caps: a worker past its cap loses its own entries only, down to the cap; others keep theirs.
 func TestIndexCapEvictsOwnEntries(t *testing.T) {
+	for _, l := range []layout{{Options{MaxWorkers: 64, Tiers: 2, Shards: 8}, false}, {Options{MaxWorkers: 10_000, Tiers: 2, Shards: 8}, true}} {
+		t.Run(l.String(), func(t *testing.T) { testCapEvictsOwnEntries(t, l) })
+	}
+}
+
+func testCapEvictsOwnEntries(t *testing.T, l layout) {
 	r := testrand.New(t)
-	ix, err := New(Options{MaxWorkers: 64, Tiers: 2, Shards: 8})
+	ix, err := l.build()
 	require.NoError(t, err)
 	capped, _ := ix.AddWorker(100)
 	other, _ := ix.AddWorker(0)
@@ -544,7 +650,7 @@ func TestIndexOptionsAndSlots(t *testing.T) {
 
 // concurrentCheck configures checkConcurrentAgainstModel.
 type concurrentCheck struct {
-	opts           Options
+	layout
 	writers        int   // one goroutine each, owning its own workers
 	slotsPerWriter int   // the workers a writer goes through: RemoveWorker moves it to the next
 	capacity       int64 // per-worker cap of the writers' workers (0: none)
@@ -568,6 +674,7 @@ type concurrentCheck struct {
 // first disagreement.
 func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurrentCheck) error {
 	opts := ix.Options()
+	spreadWorkers(rand.New(rand.NewPCG(seed, 98)), ix, c.writers*c.slotsPerWriter+1)
 	slots := make([][]Worker, c.writers)
 	for i := range slots {
 		for range c.slotsPerWriter {
@@ -593,6 +700,25 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 	}
 	registered := int(pinned) + 1
 	removed := make([]atomic.Bool, opts.MaxWorkers)
+	// The workers readers look at: all of them in a small index; in a large one the writers',
+	// the pinned one, those a lookup names as holders and a random few more.
+	var watched []int
+	for _, ws := range slots {
+		for _, w := range ws {
+			watched = append(watched, int(w))
+		}
+	}
+	watched = append(watched, int(pinned))
+	if opts.MaxWorkers <= 256 {
+		watched = watched[:0]
+		for w := range opts.MaxWorkers {
+			watched = append(watched, w)
+		}
+	}
+	isWatched := make([]bool, opts.MaxWorkers)
+	for _, w := range watched {
+		isWatched[w] = true
+	}
 
 	var (
 		errOnce  sync.Once
@@ -604,7 +730,8 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 	}
 
 	models := make([]*model, c.writers)
-	var capsBit atomic.Bool // an eviction seen by a writer
+	var capsBit atomic.Bool     // an eviction seen by a writer
+	var sawOverflow atomic.Bool // a block in an overflow bitmap seen by a writer
 	var writers sync.WaitGroup
 	for wi := range c.writers {
 		writers.Add(1)
@@ -642,6 +769,9 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 					delete(sim.keys, w)
 					removed[w].Store(true)
 					cur++
+				}
+				if step%5 == 0 && !sawOverflow.Load() && ix.bitmapsInUse() > 0 {
+					sawOverflow.Store(true)
 				}
 				// Read your own writes: only this goroutine writes these workers.
 				q := u.chains[r.IntN(len(u.chains))]
@@ -684,6 +814,7 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 			r := rand.New(rand.NewPCG(seed, 1000+uint64(ri)))
 			var m Match
 			gone := make([]bool, opts.MaxWorkers)
+			var look []int
 			for !stop.Load() && !failed.Load() {
 				var q []uint64
 				pinnedQuery := r.IntN(4) == 0
@@ -692,7 +823,11 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 				} else {
 					q = u.prefix(r)
 				}
-				for w := range gone {
+				look = append(look[:0], watched...)
+				for range 16 {
+					look = append(look, r.IntN(opts.MaxWorkers))
+				}
+				for _, w := range look {
 					gone[w] = w >= registered || removed[w].Load()
 				}
 				ix.Match(q, &m)
@@ -701,7 +836,17 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 					fail(fmt.Errorf("reader: Len %d for a %d-block query", m.Len(), len(q)))
 					return
 				}
-				for w := range opts.MaxWorkers {
+				if err := checkHolders(&m, nil); err != nil {
+					fail(fmt.Errorf("reader: %w", err))
+					return
+				}
+				for _, w := range m.Holders() {
+					if !isWatched[w] { // (every worker that ever stores is watched)
+						fail(fmt.Errorf("reader: worker %d, never stored to, holds %d leading blocks", w, m.Blocks(w, opts.Tiers-1)))
+						return
+					}
+				}
+				for _, w := range look {
 					prev := 0
 					for t := range opts.Tiers {
 						n := m.Blocks(Worker(w), t)
@@ -754,6 +899,9 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 	if err := ix.checkSummaries(); err != nil { // every group's last write recomputed its summary
 		return fmt.Errorf("after the writers: %w", err)
 	}
+	if err := ix.checkIDSets(); err != nil {
+		return fmt.Errorf("after the writers: %w", err)
+	}
 	var m Match
 	for _, ch := range u.chains {
 		ix.Match(ch, &m)
@@ -789,6 +937,9 @@ func checkConcurrentAgainstModel(seed uint64, ix *Index, u *universe, c concurre
 			}
 		}
 	}
+	if ix.ids != nil && c.writers*c.slotsPerWriter > inlineEntries && !sawOverflow.Load() {
+		return errors.New("no block was ever seen overflowed: the check tests no bitmap")
+	}
 	if c.capacity > 0 && !evicted && !capsBit.Load() {
 		return errors.New("no worker was ever below its model: the caps never bit, the test tests nothing")
 	}
@@ -816,22 +967,19 @@ func (ix *Index) tableBits() (bitsOf [][]int64, blocks, holderless int64) {
 		bitsOf[w] = make([]int64, opts.Tiers)
 	}
 	for i := range ix.shards {
-		t := ix.shards[i].tab.Load()
+		s := &ix.shards[i]
+		t := s.tab.Load()
 		for slot := range t.size() {
 			if t.slots[slot*t.stride].Load() == 0 {
 				continue
 			}
-			any := false
-			ws := t.words(slot)
-			for j := range ws {
-				m := ws[j].Load()
-				tier, word := j/ix.words, j%ix.words
-				for ; m != 0; m &= m - 1 {
-					bitsOf[word*64+bits.TrailingZeros64(m)][tier]++
-					any = true
+			hs := ix.slotHolders(s, t, slot)
+			for w, tm := range hs {
+				for ; tm != 0; tm &= tm - 1 {
+					bitsOf[w][bits.TrailingZeros64(tm)]++
 				}
 			}
-			if !any {
+			if len(hs) == 0 {
 				holderless++
 			}
 			blocks++
@@ -857,14 +1005,18 @@ func (m *model) held1(w, tier int) int64 {
 func TestIndexAgainstModelConcurrently(t *testing.T) {
 	seed := testrand.Seed(t)
 	for _, c := range []concurrentCheck{
-		{opts: Options{MaxWorkers: 64, Tiers: 1, Shards: 4}, writers: 6, slotsPerWriter: 4, readers: 3, steps: 1200},
-		{opts: Options{MaxWorkers: 130, Tiers: 2, Shards: 2}, writers: 4, slotsPerWriter: 3, readers: 2, steps: 1200},
-		{opts: Options{MaxWorkers: 64, Tiers: 1, Shards: 2}, writers: 5, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 60},
-		{opts: Options{MaxWorkers: 8, Tiers: 2, Shards: 1}, writers: 3, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 25},
+		{layout: layout{Options{MaxWorkers: 64, Tiers: 1, Shards: 4}, false}, writers: 6, slotsPerWriter: 4, readers: 3, steps: 1200},
+		{layout: layout{Options{MaxWorkers: 130, Tiers: 2, Shards: 2}, false}, writers: 4, slotsPerWriter: 3, readers: 2, steps: 1200},
+		{layout: layout{Options{MaxWorkers: 64, Tiers: 1, Shards: 2}, false}, writers: 5, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 60},
+		{layout: layout{Options{MaxWorkers: 8, Tiers: 2, Shards: 1}, false}, writers: 3, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 25},
+		{layout: layout{Options{MaxWorkers: 64, Tiers: 1, Shards: 4}, true}, writers: 6, slotsPerWriter: 4, readers: 3, steps: 1200},
+		{layout: layout{Options{MaxWorkers: 200, Tiers: 2, Shards: 2}, true}, writers: 6, slotsPerWriter: 3, readers: 2, steps: 1200},
+		{layout: layout{Options{MaxWorkers: 10_000, Tiers: 1, Shards: 4}, true}, writers: 6, slotsPerWriter: 3, readers: 2, steps: 1200},
+		{layout: layout{Options{MaxWorkers: 10_000, Tiers: 2, Shards: 2}, true}, writers: 8, slotsPerWriter: 2, readers: 2, steps: 1200, capacity: 60},
 	} {
-		name := fmt.Sprintf("workers=%d/tiers=%d/shards=%d/writers=%d/cap=%d", c.opts.MaxWorkers, c.opts.Tiers, c.opts.Shards, c.writers, c.capacity)
+		name := fmt.Sprintf("%v/writers=%d/cap=%d", c.layout, c.writers, c.capacity)
 		t.Run(name, func(t *testing.T) {
-			ix, err := New(c.opts)
+			ix, err := c.build()
 			require.NoError(t, err)
 			u := newUniverse(rand.New(rand.NewPCG(seed, 99)), 24, 40)
 			require.NoError(t, checkConcurrentAgainstModel(seed, ix, u, c))
@@ -875,9 +1027,15 @@ func TestIndexAgainstModelConcurrently(t *testing.T) {
 // The concurrent check sees a broken index too: deletes that leave holes (hiding later keys of
 // a probe run), and, separately, caps that are not enforced.
 func TestConcurrentModelCheckCatchesBrokenIndex(t *testing.T) {
+	for _, l := range []layout{{Options{MaxWorkers: 64, Tiers: 1, Shards: 2}, false}, {Options{MaxWorkers: 10_000, Tiers: 1, Shards: 2}, true}} {
+		t.Run(l.String(), func(t *testing.T) { testConcurrentCheckCatches(t, l) })
+	}
+}
+
+func testConcurrentCheckCatches(t *testing.T, l layout) {
 	seed := testrand.Seed(t)
-	c := concurrentCheck{opts: Options{MaxWorkers: 64, Tiers: 1, Shards: 2}, writers: 4, slotsPerWriter: 2, readers: 2, steps: 1200}
-	ix, err := New(c.opts)
+	c := concurrentCheck{layout: l, writers: 4, slotsPerWriter: 2, readers: 2, steps: 1200}
+	ix, err := c.build()
 	require.NoError(t, err)
 	mend := breakDeletes(t)
 	u := newUniverse(rand.New(rand.NewPCG(seed, 99)), 24, 40)
@@ -887,7 +1045,7 @@ func TestConcurrentModelCheckCatchesBrokenIndex(t *testing.T) {
 	t.Logf("broken deletes caught: %v", err)
 
 	// Caps the check expects but the index does not enforce: counts run past them.
-	ix, err = New(c.opts)
+	ix, err = c.build()
 	require.NoError(t, err)
 	c.capacity = 20
 	c.sabotage = func(ix *Index, w Worker) { ix.SetCapacity(w, 0) }

@@ -439,11 +439,11 @@ func BenchmarkEventsWhileMatching(b *testing.B) {
 	var oursRate, baseRate float64
 	var oursLat, baseLat latencies
 	for b.Loop() {
-		rate, lat := churn(&ixAdapter{ix: ix}, ix, batchesPerWriter)
+		rate, lat := churn(&ixAdapter{ix: ix}, getFleet().chains, fleetWorkers, batchesPerWriter)
 		oursRate += rate
 		oursLat = append(oursLat, lat...)
 		b.StopTimer()
-		rate, lat = churn(&baseAdapter{x: base}, nil, batchesPerWriter)
+		rate, lat = churn(&baseAdapter{x: base}, getFleet().chains, fleetWorkers, batchesPerWriter)
 		baseRate += rate
 		baseLat = append(baseLat, lat...)
 		b.StartTimer()
@@ -455,8 +455,10 @@ func BenchmarkEventsWhileMatching(b *testing.B) {
 	reportLatency(b, "busy-", oursLat, baseLat)
 }
 
-func churn(x indexLike, _ *Index, batches int) (rate float64, lat latencies) {
-	f := getFleet()
+// churn runs the event benchmark's writers against x, over worker slots [0, workers), while a
+// reader looks up the prompts in chains, and returns the events applied per second and the
+// lookups' latencies.
+func churn(x indexLike, chains [][]uint64, workers, batches int) (rate float64, lat latencies) {
 	const writers = 2
 	var stop atomic.Bool
 	var rwg sync.WaitGroup
@@ -472,7 +474,7 @@ func churn(x indexLike, _ *Index, batches int) (rate float64, lat latencies) {
 		defer rwg.Done()
 		r := rand.New(rand.NewPCG(5, 6))
 		for !stop.Load() {
-			c := f.chains[r.IntN(len(f.chains))]
+			c := chains[r.IntN(len(chains))]
 			t0 := time.Now()
 			readerAdapter.match(c)
 			lat = append(lat, time.Since(t0))
@@ -499,7 +501,7 @@ func churn(x indexLike, _ *Index, batches int) (rate float64, lat latencies) {
 				for range eventBatchLen { // a stored run of a new sequence
 					seqs = append(seqs, r.Uint64())
 				}
-				w = (w + writers) % fleetWorkers // this writer's workers: g, g+2, g+4, ...
+				w = (w + writers) % workers // this writer's workers: g, g+2, g+4, ...
 				ring[slot] = resize(ring[slot], eventBatchLen)
 				x.store(w, seqs, ring[slot])
 				ringW[slot] = w

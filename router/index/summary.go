@@ -34,7 +34,10 @@ import (
 
 const (
 	sumFirst = 1 << 32 // in a summary's key: the group's first block has exactly the summary's holders
-	sumMark  = 1 << 63 // set in every summary key, so none is 0 (an empty slot)
+	// sumOverflow is sumFirst's bit in the id layout's summaries: the value is a bitmap hash
+	// (every block of the group is overflowed, with the same holders).
+	sumOverflow = sumFirst
+	sumMark     = 1 << 63 // set in every summary key, so none is 0 (an empty slot)
 	// sumWindow is how many groups' summaries a lookup reads (and prefetches) at once: an
 	// 8K-token prompt's 32, and the next window's while it walks.
 	sumWindow = 32
@@ -69,32 +72,15 @@ func (s *shard) resum(home uint64) {
 	if st == nil {
 		return
 	}
-	t := s.tab.Load()
-	var firstKey, lastKey uint64
-	cum, first, ok := ^uint64(0), uint64(0), true
-	for q := range keyGroup {
-		i, n := t.atHome(home + uint64(q))
-		if n != 1 {
-			ok = false
-			break
-		}
-		k, m := t.slots[i*2].Load(), t.slots[i*2+1].Load()
-		if q == 0 {
-			firstKey, first = k, m
-		}
-		lastKey = k
-		if cum &= m; cum == 0 {
-			ok = false
-			break
-		}
+	var key, cum uint64
+	var ok bool
+	if s.ids != nil {
+		key, cum, ok = s.groupSig(home)
+	} else {
+		key, cum, ok = s.groupAnd(home)
 	}
 	old := st.sumAt(home)
-	var key uint64
 	if ok {
-		key = sumKey(firstKey, lastKey)
-		if first == cum {
-			key |= sumFirst
-		}
 		if old >= 0 && st.slots[old*2].Load() == key {
 			st.slots[old*2+1].Store(cum)
 			return
@@ -115,6 +101,68 @@ func (s *shard) resum(home uint64) {
 		}
 		st.insertNew(key, []uint64{cum})
 	}
+}
+
+// groupAnd is the summary key and holders of the group with home `home` in a one-word, one-tier
+// table, and whether it has one.
+func (s *shard) groupAnd(home uint64) (key, cum uint64, ok bool) {
+	t := s.tab.Load()
+	var firstKey, lastKey, first uint64
+	cum = ^uint64(0)
+	for q := range keyGroup {
+		i, n := t.atHome(home + uint64(q))
+		if n != 1 {
+			return 0, 0, false
+		}
+		k, m := t.slots[i*2].Load(), t.slots[i*2+1].Load()
+		if q == 0 {
+			firstKey, first = k, m
+		}
+		lastKey = k
+		if cum &= m; cum == 0 {
+			return 0, 0, false
+		}
+	}
+	key = sumKey(firstKey, lastKey)
+	if first == cum {
+		key |= sumFirst
+	}
+	return key, cum, true
+}
+
+// groupSig is groupAnd for the id layout with 16-bit entries (ids.go): a group has a summary
+// when all its blocks have the same holders (most do: a conversation's, a system prompt's), and
+// it is their holder word, or for overflowed blocks their bitmaps' hash with sumOverflow set in
+// the key. (A lookup that meets a group whose holders differ from the block's before walks it.)
+func (s *shard) groupSig(home uint64) (key, sig uint64, ok bool) {
+	t := s.tab.Load()
+	var firstKey, lastKey uint64
+	ovf := false
+	for q := range keyGroup {
+		i, n := t.atHome(home + uint64(q))
+		if n != 1 {
+			return 0, 0, false
+		}
+		k, h := t.slots[i*2].Load(), t.slots[i*2+1].Load()
+		o := overflowed(h)
+		if o {
+			h = s.ids.lay.bitmap(s.ids.pool.Load(), h>>32)[bmHash].Load()
+		}
+		if q == 0 {
+			firstKey, sig, ovf = k, h, o
+		} else if h != sig || o != ovf {
+			return 0, 0, false
+		}
+		lastKey = k
+	}
+	if sig == 0 {
+		return 0, 0, false // (a hash of 0 would read as no summary)
+	}
+	key = sumKey(firstKey, lastKey)
+	if ovf {
+		key |= sumOverflow
+	}
+	return key, sig, true
 }
 
 // swapSum installs nt as the summary table of a live shard (locked), under an odd version.

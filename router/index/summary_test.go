@@ -24,10 +24,15 @@ func (ix *Index) checkSummaries() error {
 		}
 		t := s.tab.Load()
 		at := map[uint64][][2]uint64{} // home bits → keys there (and masks) a walk could read
+		ovf := map[uint64]bool{}       // (the id layout: keys whose "mask" is their bitmap's hash)
 		for i := range t.size() {
 			k := t.slots[i*2].Load()
 			if k != 0 && (keyPos(k) == 0 || continues(k)) {
-				at[k&keyHomeMask] = append(at[k&keyHomeMask], [2]uint64{k, t.slots[i*2+1].Load()})
+				h := t.slots[i*2+1].Load()
+				if ix.ids != nil && overflowed(h) {
+					h, ovf[k] = ix.ids.bitmap(s.ids.pool.Load(), h>>32)[bmHash].Load(), true
+				}
+				at[k&keyHomeMask] = append(at[k&keyHomeMask], [2]uint64{k, h})
 			}
 		}
 		want := map[uint64]uint64{} // summary key → holders
@@ -44,6 +49,21 @@ func (ix *Index) checkSummaries() error {
 					break
 				}
 				ks[q], cum = e[0][0], cum&e[0][1]
+				if ix.ids != nil { // the id layout: the same holders in every block, or none
+					if e[0][1] != first[0][1] || ovf[ks[q]] != ovf[first[0][0]] {
+						cum = 0
+						break
+					}
+					cum = e[0][1]
+				}
+			}
+			if ix.ids != nil && cum != 0 {
+				k := sumKey(ks[0], ks[keyGroup-1])
+				if ovf[ks[0]] {
+					k |= sumOverflow
+				}
+				want[k] = cum
+				continue
 			}
 			if cum != 0 {
 				k := sumKey(ks[0], ks[keyGroup-1])
@@ -161,7 +181,15 @@ func TestMatchWithSummariesAllocatesNothing(t *testing.T) {
 // window's summaries while it walks, and must agree with the model across the boundary.
 func TestIndexAgainstModelLongPrompts(t *testing.T) {
 	r := testrand.New(t)
-	ix, err := New(Options{MaxWorkers: 64, Tiers: 1, Shards: 4})
-	require.NoError(t, err)
-	require.NoError(t, checkAgainstModel(r, ix, newUniverse(r, 8, 3*sumWindow*keyGroup+5), 300))
+	for _, l := range []layout{{Options{MaxWorkers: 64, Tiers: 1, Shards: 4}, false}, {Options{MaxWorkers: 10_000, Tiers: 1, Shards: 4}, true}} {
+		t.Run(l.String(), func(t *testing.T) {
+			ix, err := l.build()
+			require.NoError(t, err)
+			steps := 300
+			if l.ids { // (the same windows and boundaries; under -race the 10,000 worker slots cost)
+				steps = 150
+			}
+			require.NoError(t, checkAgainstModel(r, ix, newUniverse(r, 8, 3*sumWindow*keyGroup+5), steps))
+		})
+	}
 }

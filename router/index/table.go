@@ -7,17 +7,19 @@ import (
 )
 
 // One shard of the index: an open-addressing hash table (linear probing) from sequence hash to
-// holder bit masks, written under mu and read without any lock.
+// holders, written under mu and read without any lock.
 //
 // Slots are flat runs of `stride` atomic words: the key (0 = empty), then tiers × words mask
 // words (bit w of word w/64 of tier t: worker w holds the block on tier t or faster is NOT
-// implied; each tier has its own bits). Every word is read and written atomically, so readers
-// never see a torn word and the race detector sees no race.
+// implied; each tier has its own bits), or in the id layout a few worker ids (ids.go). Every
+// word is read and written atomically, so readers never see a torn word and the race detector
+// sees no race.
 //
-// Readers are optimistic (a seqlock): setting or clearing a holder bit is one atomic word and
-// needs nothing more; only changes that move keys (deleting a key shifts later keys of its
-// probe run back, a resize swaps the table) make version odd for their duration. A reader that
-// saw the version change retries; it never waits on a lock.
+// Readers are optimistic (a seqlock): setting or clearing a holder bit (or an inline id) is one
+// atomic word and needs nothing more; only changes that move keys (deleting a key shifts later
+// keys of its probe run back, a resize swaps the table) and, in the id layout, every change to
+// an overflow bitmap or the pool make version odd for their duration. A reader that saw the
+// version change retries; it never waits on a lock.
 type shard struct {
 	version atomic.Uint64
 	tab     atomic.Pointer[table]
@@ -27,7 +29,8 @@ type shard struct {
 	// Written with sum, under an odd version.
 	sumSlots atomic.Pointer[atomic.Uint64]
 	sumMask  atomic.Uint64
-	_        [24]byte // keep writers' lock off the readers' cache line
+	ids      *idSets  // the id layout's overflow bitmaps (ids.go); nil in the mask layout
+	_        [16]byte // keep writers' lock off the readers' cache line
 
 	mu      sync.Mutex // held by writers; guards everything below and all writes to tab's slots
 	scratch []uint64   // mask words of a key being inserted
@@ -251,48 +254,66 @@ func (s *shard) read1(key uint64) uint64 {
 
 // The write side. Each method must be called with s.mu held.
 
-// setBit sets holder bit (word, bit) of key, inserting the key if absent, and reports whether
-// the bit was newly set and whether the key was.
-func (s *shard) setBit(key uint64, word int, bit uint64) (added, created bool) {
+// holder is one (worker, tier) of a block's holders, in both layouts' terms: mask word and bit
+// (the mask layout), worker and tier (the id layout, ids.go).
+type holder struct {
+	word    int
+	bit     uint64
+	w, tier int
+}
+
+// setBit adds holder h to key, inserting the key if absent, and reports whether h was new and
+// whether the key was.
+func (s *shard) setBit(key uint64, h holder) (added, created bool) {
 	t := s.tab.Load()
 	if i := t.find(key); i >= 0 {
-		return s.setAt(t, i, word, bit), false
+		return s.setAt(t, i, h), false
 	}
-	s.insert(key, word, bit)
+	s.insert(key, h)
 	return true, true
 }
 
-// setAt sets holder bit (word, bit) of slot i and reports whether it was newly set.
-func (s *shard) setAt(t *table, i, word int, bit uint64) bool {
-	old := t.words(i)[word].Or(bit)
-	return old&bit == 0
+// setAt adds holder h to slot i and reports whether it was new.
+func (s *shard) setAt(t *table, i int, h holder) bool {
+	if s.ids != nil {
+		return s.setID(t, i, h.w, h.tier)
+	}
+	old := t.words(i)[h.word].Or(h.bit)
+	return old&h.bit == 0
 }
 
-// insert adds key (known absent) held by bit (word, bit), growing the table first if needed.
-func (s *shard) insert(key uint64, word int, bit uint64) {
+// insert adds key (known absent) held by h, growing the table first if needed.
+func (s *shard) insert(key uint64, h holder) {
 	t := s.tab.Load()
 	if (int(t.used.Load())+1)*maxLoadDen > t.size()*maxLoadNum {
 		t = s.swap(t.rebuilt(t.size() * 2))
 	}
-	masks := s.scratch[:t.stride-1]
-	clear(masks)
-	masks[word] = bit
-	t.insertNew(key, masks)
+	words := s.scratch[:t.stride-1]
+	clear(words)
+	if s.ids != nil {
+		words[0] = s.ids.lay.entry(h.w, 1<<h.tier)
+	} else {
+		words[h.word] = h.bit
+	}
+	t.insertNew(key, words)
 }
 
-// clearBit clears holder bit (word, bit) of key and deletes the key when no bit is left. It
-// reports whether the bit was set.
-func (s *shard) clearBit(key uint64, word int, bit uint64) bool {
+// clearBit drops holder h of key and deletes the key when nobody is left. It reports whether h
+// held it.
+func (s *shard) clearBit(key uint64, h holder) bool {
 	t := s.tab.Load()
 	i := t.find(key)
 	if i < 0 {
 		return false
 	}
-	old := t.words(i)[word].And(^bit)
-	if old&bit == 0 {
+	if s.ids != nil {
+		return s.clearID(t, i, h.w, h.tier)
+	}
+	old := t.words(i)[h.word].And(^h.bit)
+	if old&h.bit == 0 {
 		return false
 	}
-	if old == bit && s.emptyAt(t, i) {
+	if old == h.bit && s.emptyAt(t, i) {
 		s.delete(t, i)
 	}
 	return true
@@ -339,10 +360,11 @@ func (s *shard) swap(nt *table) *table {
 	return nt
 }
 
-// clearWorker clears the bits of worker (word, bit) in tiers [t0, t1) from slot `from` on, and
-// deletes emptied keys. It stops after `limit` cleared bits (limit < 0: no limit), adds the bits
-// cleared per tier into cleared, and returns the slot to resume from (-1 at the table's end).
-func (s *shard) clearWorker(word int, bit uint64, t0, t1, wordsPerTier, from, limit int, cleared []int64) int {
+// clearWorker drops worker w (mask word `word`, bit `bit` in the mask layout) from tiers [t0, t1)
+// of every key from slot `from` on, and deletes emptied keys. It stops after `limit` entries
+// (limit < 0: no limit), adds the entries dropped per tier into cleared, and returns the slot to
+// resume from (-1 at the table's end).
+func (s *shard) clearWorker(w, word int, bit uint64, t0, t1, wordsPerTier, from, limit int, cleared []int64) int {
 	t := s.tab.Load()
 	for i := from; i < t.size(); {
 		key := t.slots[i*t.stride].Load()
@@ -352,7 +374,11 @@ func (s *shard) clearWorker(word int, bit uint64, t0, t1, wordsPerTier, from, li
 		}
 		ws := t.words(i)
 		hit := false
-		for tier := t0; tier < t1; tier++ {
+		if s.ids != nil {
+			n := s.dropAt(t, i, w, t0, t1, cleared)
+			hit, limit = n > 0, limit-n
+		}
+		for tier := t0; tier < t1 && s.ids == nil; tier++ {
 			w := &ws[tier*wordsPerTier+word]
 			if w.Load()&bit != 0 {
 				w.And(^bit)
@@ -387,3 +413,61 @@ func (s *shard) clearWorker(word int, bit uint64, t0, t1, wordsPerTier, from, li
 
 // bitOf maps a worker slot to its mask word and bit.
 func bitOf(w int) (int, uint64) { return w / 64, 1 << (uint(w) % 64) }
+
+// readOne copies key's holder words into dst (len stride-1) and reports whether the key is
+// present and the version it read them at, without locking: it retries while a writer is
+// moving keys.
+func (s *shard) readOne(key uint64, dst []uint64) (found bool, v uint64) {
+	for spins := 0; ; spins++ {
+		v = s.version.Load()
+		if v&1 == 0 {
+			t := s.tab.Load()
+			i := t.find(key)
+			if i >= 0 {
+				ws := t.words(i)
+				for j := range dst {
+					dst[j] = ws[j].Load()
+				}
+			}
+			if s.version.Load() == v {
+				return i >= 0, v
+			}
+		}
+		if spins&63 == 63 {
+			runtime.Gosched()
+		}
+	}
+}
+
+// readRun finds keys[0] and reads on while the slots after it hold keys[1:] (a group's blocks,
+// keys.go), copying each one's hw holder words to dst (hw per key), without locking. It returns
+// how many keys it read (0: keys[0] is absent) and the version they are valid at.
+func (s *shard) readRun(keys, dst []uint64, hw int) (n int, v uint64) {
+	for spins := 0; ; spins++ {
+		v = s.version.Load()
+		if v&1 == 0 {
+			t := s.tab.Load()
+			n = 0
+			if i := t.find(keys[0]); i >= 0 {
+				slots, st, mask := t.slots, t.stride, int(t.mask)
+				for n < len(keys) {
+					base := i * st
+					if slots[base].Load() != keys[n] {
+						break
+					}
+					for q := range hw {
+						dst[n*hw+q] = slots[base+1+q].Load()
+					}
+					n++
+					i = (i + 1) & mask
+				}
+			}
+			if s.version.Load() == v {
+				return n, v
+			}
+		}
+		if spins&63 == 63 {
+			runtime.Gosched()
+		}
+	}
+}
