@@ -12,7 +12,7 @@ import (
 type Collector struct {
 	r *Router
 
-	blocks, entries, inflight                   *prometheus.Desc
+	blocks, entries, bytes, inflight            *prometheus.Desc
 	workerBlocks, active, prefill, reqs, health *prometheus.Desc
 	decisions                                   *prometheus.Desc
 }
@@ -26,6 +26,7 @@ func NewCollector(r *Router) *Collector {
 		r:            r,
 		blocks:       d("index_blocks", "Distinct KV blocks in the index (its nodes)."),
 		entries:      d("index_entries", "(block, worker, tier) entries in the index."),
+		bytes:        d("index_bytes", "Memory of the index's tables, summaries and overflow bitmaps."),
 		inflight:     d("requests_in_flight", "Requests tracked by the slot tracker."),
 		workerBlocks: d("worker_cached_blocks", "Blocks the index says a worker holds, per tier.", "worker", "tier"),
 		active:       d("worker_active_blocks", "Blocks in use by the worker's requests in flight (shared prefixes once).", "worker"),
@@ -38,7 +39,7 @@ func NewCollector(r *Router) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.blocks, c.entries, c.inflight, c.workerBlocks, c.active, c.prefill,
+	for _, d := range []*prometheus.Desc{c.blocks, c.entries, c.bytes, c.inflight, c.workerBlocks, c.active, c.prefill,
 		c.reqs, c.health, c.decisions} {
 		ch <- d
 	}
@@ -52,6 +53,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	r := c.r
 	g(c.blocks, float64(r.ix.Blocks()))
 	g(c.entries, float64(r.ix.Entries()))
+	g(c.bytes, float64(r.ix.Bytes()))
 	g(c.inflight, float64(r.slots.InFlight()))
 	for _, w := range r.Snapshot() {
 		for t, b := range w.Blocks {

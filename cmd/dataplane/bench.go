@@ -458,8 +458,9 @@ func (k *fleetRouter) report(w io.Writer) {
 	st := k.feed.Stats()
 	dropped, _ := k.sub.Dropped()
 	took := synth.Summarize(k.tookMS)
-	fmt.Fprintf(w, "router: %d decisions over %d workers (p50 %.3f ms, p99 %.3f ms each); index %d blocks\n",
-		k.r.Decisions(), len(k.r.Workers()), took.P50, took.P99, k.r.Index().Blocks())
+	ix := k.r.Index()
+	fmt.Fprintf(w, "router: %d decisions over %d workers (p50 %.3f ms, p99 %.3f ms each); index %d blocks, %d entries, %.1f MiB\n",
+		k.r.Decisions(), len(k.r.Workers()), took.P50, took.P99, ix.Blocks(), ix.Entries(), float64(ix.Bytes())/(1<<20))
 	fmt.Fprintf(w, "kv events: %d batches, %d blocks stored, %d removed, %d gaps, %d unknown parents; nats dropped %d\n",
 		st.Batches.Load(), st.BlocksStored.Load(), st.BlocksRemoved.Load(), st.Gaps.Load(), st.UnknownParent.Load(), dropped)
 }

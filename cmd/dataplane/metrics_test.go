@@ -60,6 +60,7 @@ func metricFamilies(t *testing.T, url string) []string {
 var routerFamilies = []string{
 	"dataplane_router_decisions_total{} counter Routing decisions made.",
 	"dataplane_router_index_blocks{} gauge Distinct KV blocks in the index (its nodes).",
+	"dataplane_router_index_bytes{} gauge Memory of the index's tables, summaries and overflow bitmaps.",
 	"dataplane_router_index_entries{} gauge (block, worker, tier) entries in the index.",
 	"dataplane_router_kv_blocks_total{op} counter Index entries added or removed by KV events, or evicted to keep a worker within its KV capacity.",
 	"dataplane_router_kv_events_total{outcome} counter KV events and batches by outcome.",

@@ -430,6 +430,23 @@ func (ix *Index) Blocks() int64 {
 	return n
 }
 
+// Bytes is the memory of the index's tables, summaries and overflow bitmaps (the arrays that
+// grow with what it holds; read without a lock, so a moment's figure while writers work).
+func (ix *Index) Bytes() int64 {
+	var words int
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		words += len(sh.tab.Load().slots)
+		if t := sh.sum.Load(); t != nil {
+			words += len(t.slots)
+		}
+		if sh.ids != nil {
+			words += len(sh.ids.pool.Load().words)
+		}
+	}
+	return int64(words) * 8
+}
+
 // Entries is the number of (block, worker, tier) entries.
 func (ix *Index) Entries() int64 {
 	var n int64

@@ -1053,3 +1053,37 @@ func testConcurrentCheckCatches(t *testing.T, l layout) {
 	require.ErrorContains(t, err, "cap 20")
 	t.Logf("unenforced caps caught: %v", err)
 }
+
+// Bytes counts the arrays that grow with what the index holds: at least a slot per block (16
+// bytes in both one-tier layouts), at most the tables' growth slack over it, and back near the
+// empty figure once everything is removed (the tables shrink).
+func TestBytesFollowsTheTables(t *testing.T) {
+	for _, workers := range []int{64, 10_000} {
+		ix, err := New(Options{MaxWorkers: workers, Tiers: 1, Shards: 16})
+		require.NoError(t, err)
+		empty := ix.Bytes()
+		require.Positive(t, empty)
+		rnd := rand.New(rand.NewPCG(uint64(workers), 9))
+		var held [][]uint64
+		for range 2_000 {
+			seqs := make([]uint64, 64)
+			for i := range seqs {
+				seqs[i] = rnd.Uint64() | 1
+			}
+			keys := make([]uint64, len(seqs))
+			w := Worker(0)
+			ix.Store(w, 0, 0, seqs, keys)
+			held = append(held, keys)
+		}
+		blocks := ix.Blocks()
+		require.Equal(t, int64(128_000), blocks)
+		full := ix.Bytes()
+		require.GreaterOrEqual(t, full, blocks*16, "%d workers", workers)
+		require.LessOrEqual(t, full, blocks*16*5+empty, "%d workers: the tables' slack and summaries", workers)
+		for _, keys := range held {
+			ix.Remove(0, 0, keys)
+		}
+		require.Zero(t, ix.Blocks())
+		require.LessOrEqual(t, ix.Bytes(), 2*empty, "%d workers: shrunk back", workers)
+	}
+}
