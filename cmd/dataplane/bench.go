@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -292,6 +293,7 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	tokenBlock := fs.Int("trace-block-size", 512, "tokens per trace hash id")
 	loadSpeedup := fs.Float64("load-speedup", 1, "send the trace this many times faster than its timestamps")
 	out := fs.String("out", "", "directory for requests.csv and the charts")
+	heapProfile := fs.String("heap-profile", "", "write a heap profile (go tool pprof) here at the end, the router still live")
 	routing := fs.String("route", "round-robin", "round-robin (request i to engine i mod N) or kv (the router, fed by the engines' KV events; needs --kv-events nats)")
 	if err := parseBench(fs, args, stderr); err != nil {
 		return err
@@ -365,6 +367,19 @@ func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		kv.report(stdout)
 	}
 	fmt.Fprintf(stdout, "live heap after a GC %.1f MiB\n", float64(heapAfterGC())/(1<<20))
+	if *heapProfile != "" {
+		f, err := os.Create(*heapProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
 	return writeReport(rep, *out, "fleet")
 }
 
