@@ -177,8 +177,12 @@ func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	toks, spans := synth.PromptTokens(rec, opts.BlockSize, opts.Vocab)
+	sent := time.Now() // TTFT counts a disaggregated request's prefill step
+	var prefillEP, router, id string
 	if rt != nil {
-		router, ep, id, err := rt.route(ctx, s.Index, toks, spans)
+		var ep string
+		var err error
+		router, ep, prefillEP, id, err = rt.route(ctx, s.Index, toks, spans)
 		if err != nil {
 			s.Err = "route: " + err.Error()
 			return
@@ -210,6 +214,15 @@ func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample
 		}
 		body["media"] = media
 	}
+	if prefillEP != "" {
+		kv, err := rt.prefillStep(ctx, prefillEP, body)
+		if err != nil {
+			s.Err = err.Error()
+			return
+		}
+		rt.lifecycle(router, id, "prefill_done")
+		body["kv_transfer_params"] = kv
+	}
 	raw, err := json.Marshal(body)
 	if err != nil {
 		s.Err = err.Error()
@@ -221,7 +234,9 @@ func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
-	sent := time.Now()
+	if prefillEP == "" {
+		sent = time.Now()
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		s.Err = err.Error()

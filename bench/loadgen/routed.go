@@ -20,7 +20,10 @@ import (
 // request asks a router, round-robin, where to go (POST /v1/route with a request id, so the
 // router tracks it), goes to that worker's endpoint as the router's fleet announces it (GET
 // /v1/fleet, read again when a worker is new), and reports its first token and its end there
-// (POST /v1/lifecycle). Request ids are the run's: "loadgen-<run>-<i>".
+// (POST /v1/lifecycle). A disaggregated decision (the answer names a prefill worker) is sent as
+// vLLM's disaggregated proxies do: the prefill step to the prefill worker, its end reported
+// (prefill_done), then the request with the kv_transfer_params it returned to the decode worker.
+// Request ids are the run's: "loadgen-<run>-<i>".
 type routed struct {
 	client  *http.Client
 	routers []string
@@ -35,9 +38,36 @@ func newRouted(client *http.Client, routers []string, run string) *routed {
 	return &routed{client: client, routers: routers, run: run, endpoints: map[string]string{}}
 }
 
+// prefillParams are what a disaggregated proxy sends with the prefill step (vLLM's
+// tests/v1/kv_connector/nixl_integration/toy_proxy_server.py; dataplane/worker/disagg.go).
+var prefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// prefillStep runs the prefill step of a disaggregated request on the prefill worker at ep (the
+// prompt, max_tokens 1, answered whole) and returns the kv_transfer_params its answer carries
+// for the decode step.
+func (r *routed) prefillStep(ctx context.Context, ep string, body map[string]any) (json.RawMessage, error) {
+	step := make(map[string]any, len(body)+1)
+	for k, v := range body {
+		step[k] = v
+	}
+	step["max_tokens"], step["stream"], step["kv_transfer_params"] = 1, false, prefillParams
+	delete(step, "stream_options")
+	var out struct {
+		KVTransfer json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := r.post(ctx, ep+"/v1/completions", step, &out); err != nil {
+		return nil, fmt.Errorf("prefill step: %w", err)
+	}
+	if len(out.KVTransfer) == 0 || string(out.KVTransfer) == "null" {
+		return nil, fmt.Errorf("prefill step at %s: no kv_transfer_params in its answer", ep)
+	}
+	return out.KVTransfer, nil
+}
+
 // route asks a router for the request's worker and returns the router, the worker's base URL
-// and the request id.
-func (r *routed) route(ctx context.Context, i int, toks []int32, spans []worker.MediaSpan) (router, endpoint, id string, err error) {
+// and the request id; for a disaggregated decision the worker is the decode worker and
+// prefillEP the prefill worker's base URL ("" otherwise).
+func (r *routed) route(ctx context.Context, i int, toks []int32, spans []worker.MediaSpan) (router, endpoint, prefillEP, id string, err error) {
 	router = r.routers[int(r.next.Add(1)-1)%len(r.routers)]
 	id = "loadgen-" + r.run + "-" + strconv.Itoa(i)
 	media := make([]map[string]any, 0, len(spans))
@@ -45,15 +75,19 @@ func (r *routed) route(ctx context.Context, i int, toks []int32, spans []worker.
 		media = append(media, map[string]any{"id": m.ID, "offset": m.Start, "length": m.End - m.Start})
 	}
 	var d struct {
-		Worker string `json:"worker"`
+		Worker  string `json:"worker"`
+		Prefill string `json:"prefill"`
 	}
 	if err := r.post(ctx, router+"/v1/route", map[string]any{"token_ids": toks, "media": media, "request_id": id}, &d); err != nil {
-		return router, "", id, err
+		return router, "", "", id, err
 	}
-	if endpoint, err = r.endpoint(ctx, router, d.Worker); err != nil {
+	if endpoint, err = r.endpoint(ctx, router, d.Worker); err == nil && d.Prefill != "" {
+		prefillEP, err = r.endpoint(ctx, router, d.Prefill)
+	}
+	if err != nil {
 		r.lifecycle(router, id, "cancel")
 	}
-	return router, endpoint, id, err
+	return router, endpoint, prefillEP, id, err
 }
 
 // endpoint is a worker's base URL, from the router's fleet.

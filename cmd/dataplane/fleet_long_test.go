@@ -305,6 +305,11 @@ func TestLongFleet(t *testing.T) {
 	completed, _ := strconv.Atoi(m[2])
 	require.Equal(t, len(recs), total)
 	require.Greater(t, completed, total*2/3, "most requests completed (those routed by B while it was down failed)")
+	select { // the summary is printed before requests.csv is written
+	case <-load.done:
+	case <-time.After(time.Minute):
+		t.Fatal("bench load did not exit after its summary")
+	}
 	csv, err := os.ReadFile(filepath.Join(out1, "requests.csv"))
 	require.NoError(t, err)
 	for _, line := range strings.Split(strings.TrimSpace(string(csv)), "\n")[1:] {

@@ -276,3 +276,32 @@ func TestRouterFleetDisaggregated(t *testing.T) {
 	require.Contains(t, body, `no decode worker in its zone \"zone-0\"`)
 	require.Contains(t, body, `"domain":"zone-1"`)
 }
+
+// bench load --router sends a disaggregated fleet's requests in two steps, as vLLM's proxies
+// do: the prefill step to the prefill engine the router chose (its prompt's blocks land there),
+// then the decode step with the kv_transfer_params it returned; every request completes and the
+// router ends with nothing in flight on either side.
+func TestBenchLoadDisaggregated(t *testing.T) {
+	trace := synthTrace(t, "--requests", "40", "--seed", "5", "--speedup-ratio", "20", "--osl-multiplier", "0.1")
+	addr, url, stopRouter := startFleetRouter(t, "", t.TempDir())
+	defer stopRouter()
+	_, stopP := startCommand(t, []string{"mock", "--engines", "2", "--listen", "127.0.0.1:0", "--kv-events", "nats", "--nats", url,
+		"--role", "prefill", "--name-prefix", "p-", "--speedup", "50"}, regexp.MustCompile(`msg=announcing`))
+	defer stopP()
+	_, stopD := startCommand(t, []string{"mock", "--engines", "2", "--listen", "127.0.0.1:0", "--kv-events", "nats", "--nats", url,
+		"--role", "decode", "--name-prefix", "d-", "--speedup", "50"}, regexp.MustCompile(`msg=announcing`))
+	defer stopD()
+	var workers []map[string]any
+	require.Eventually(t, func() bool { return getJSON(t, "http://"+addr+"/v1/fleet", &workers) == 200 && len(workers) == 4 },
+		5*time.Second, 10*time.Millisecond)
+	out := runBench(t, "load", "--router", "http://"+addr, "--trace", trace, "--speedup", "5")
+	require.Contains(t, out, "requests 40: 40 completed, 0 failed")
+	m := "http://" + addr + "/metrics"
+	require.Equal(t, "40", metricValue(t, m, "dataplane_router_decisions_total"))
+	require.Equal(t, "0", metricValue(t, m, "dataplane_router_requests_in_flight"), "every request finished")
+	cached := func(w string) string {
+		return metricValue(t, m, `dataplane_router_worker_cached_blocks{tier="0",worker="`+w+`"}`)
+	}
+	require.Eventually(t, func() bool { return cached("p-0") != "0" || cached("p-1") != "0" }, 5*time.Second, 20*time.Millisecond,
+		"the prompts were prefilled on the prefill engines")
+}
