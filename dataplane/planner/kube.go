@@ -258,6 +258,9 @@ func (k *Kube) replicasOf(obj *kubeObject, p Pool) (int, error) {
 }
 
 // Add is Backend's.
+// Manages says whether the pool has a target.
+func (k *Kube) Manages(p Pool) bool { _, ok := k.o.Targets[p]; return ok }
+
 func (k *Kube) Add(ctx context.Context, p Pool) error { return k.scale(ctx, p, +1) }
 
 // Remove is Backend's.

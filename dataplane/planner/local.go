@@ -349,6 +349,18 @@ func ours(pid int, name string) bool {
 
 // Add is Backend's: the next suffix, the first free GPUs, and it returns once the worker is
 // announced.
+// Manages says whether the statefile has the pool's first entry, the command to clone.
+func (l *Local) Manages(pool Pool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, err := l.load()
+	if err != nil {
+		return true // let the change report the error
+	}
+	_, ok := s.Components[s.Namespace+"_"+string(pool)]
+	return ok
+}
+
 func (l *Local) Add(ctx context.Context, pool Pool) error {
 	if err := poolCheck(pool); err != nil {
 		return err

@@ -182,6 +182,8 @@ func TestLocalWorkerThatNeverComes(t *testing.T) {
 	l, err := NewLocal(LocalOptions{StateFile: path, Fleet: f, StartTimeout: 300 * time.Millisecond, StopTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(l.StopAll)
+	require.True(t, l.Manages(PoolDecode))
+	require.False(t, l.Manages(PoolPrefill), "no dp_prefill entry to clone")
 	require.ErrorContains(t, l.Add(context.Background(), PoolDecode), "not announced as decode within 300ms")
 	require.NotContains(t, readState(t, dir).Components, "dp_decode_1", "a worker that never came is removed")
 	require.Empty(t, l.proc)

@@ -31,6 +31,13 @@ type Backend interface {
 	Remove(ctx context.Context, p Pool) error
 }
 
+// Manager is a Backend that scales only some pools (a statefile or a kubernetes target per
+// pool): the planner holds the others, whatever their load, since no change to them can be
+// made (a disaggregated fleet whose decode workers someone else runs).
+type Manager interface {
+	Manages(p Pool) bool
+}
+
 // Planner is the live loop: a pull every PullInterval, a decision every AdjustInterval,
 // changes applied one at a time and waited for (nothing is pulled or decided meanwhile, as in
 // Dynamo: a planner that adjusts while a change settles overcompensates).
@@ -131,6 +138,7 @@ func (p *Planner) adjust(ctx context.Context, now time.Time) time.Time {
 		} else {
 			d = p.iv.Decide(p.startPool)
 		}
+		p.unmanaged(&d)
 		p.Log.Info("planner: decision", "action", d.Action(), "operate", !p.NoOperation, "samples", d.Samples,
 			"avg_prefill_queue", nanNil(d.AvgPrefillQueue), "avg_decode_kv", nanNil(d.AvgDecodeKV), "predicted_prefill_queue", nanNil(d.Predicted),
 			"prefill", p.startPool.Prefill, "decode", p.startPool.Decode, "grace", p.iv.Grace(), "why", d.Reasons)
@@ -143,6 +151,23 @@ func (p *Planner) adjust(ctx context.Context, now time.Time) time.Time {
 	}
 	p.start, p.pulled = now, false
 	return now
+}
+
+// unmanaged holds the pools the backend does not scale, saying so in the decision's reasons.
+func (p *Planner) unmanaged(d *Decision) {
+	m, ok := p.Backend.(Manager)
+	if !ok {
+		return
+	}
+	for _, c := range []struct {
+		pool  Pool
+		delta *int
+	}{{PoolPrefill, &d.Prefill}, {PoolDecode, &d.Decode}} {
+		if *c.delta != 0 && !m.Manages(c.pool) {
+			d.Reasons = append(d.Reasons, fmt.Sprintf("%s: %+d held: the backend does not scale this pool", c.pool, *c.delta))
+			*c.delta = 0
+		}
+	}
 }
 
 // apply makes the decision's changes, scale-downs first (they free the GPUs the scale-ups use).

@@ -97,6 +97,34 @@ func TestPlannerLoop(t *testing.T) {
 	require.Len(t, be.log, 2)
 }
 
+// managedBackend scales only the pools it names (a statefile with only a prefill entry).
+type managedBackend struct {
+	fakeBackend
+	pools map[Pool]bool
+}
+
+func (b *managedBackend) Manages(p Pool) bool { return b.pools[p] }
+
+// A backend that scales only the prefill pool (the decode workers are someone else's): the
+// planner holds the decode pool whatever its load and says why, and still scales prefill.
+func TestPlannerHoldsPoolsItsBackendDoesNotScale(t *testing.T) {
+	pools := &Pools{2, 2}
+	src := &fakeSource{s: steady(0.1, 0.1), pools: pools} // both pools idle: both would shrink
+	be := &managedBackend{fakeBackend: fakeBackend{pools: pools}, pools: map[Pool]bool{PoolPrefill: true}}
+	r := DefaultRules()
+	r.AdjustInterval = 3 * time.Second
+	var logs strings.Builder
+	p := &Planner{Rules: r, Source: src, Backend: be, Metrics: NewMetrics(), Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	t0 := time.Unix(1000, 0)
+	for i := range 4 {
+		p.Step(context.Background(), t0.Add(time.Duration(i)*time.Second))
+	}
+	require.Equal(t, []string{"remove prefill"}, be.log)
+	require.Equal(t, Pools{1, 2}, *pools)
+	require.Contains(t, logs.String(), "action=prefill-1")
+	require.Contains(t, logs.String(), "decode: -1 held: the backend does not scale this pool")
+}
+
 func TestPlannerNoOperation(t *testing.T) {
 	pools := &Pools{1, 1}
 	src := &fakeSource{s: steady(3, 0.95), pools: pools}
