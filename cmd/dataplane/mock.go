@@ -224,12 +224,25 @@ func runMock(ctx context.Context, args []string, stderr io.Writer) error {
 	case <-ctx.Done():
 		shut, done := context.WithTimeout(context.Background(), *drain)
 		defer done()
+		if c.natsClient != nil {
+			// Still accept for a moment: a router that chose an engine just before the
+			// withdrawal reached it sends the request now, and it should be answered, not refused.
+			select {
+			case <-time.After(min(fleetLeaveLinger, *drain)):
+			case err := <-errc:
+				return err
+			}
+		}
 		_ = srv.Shutdown(shut)
 		return nil
 	case err := <-errc:
 		return err
 	}
 }
+
+// fleetLeaveLinger is how long a stopping mock fleet still accepts requests after withdrawing
+// its announcements: routers on loopback or a LAN see the withdrawal within milliseconds.
+const fleetLeaveLinger = 500 * time.Millisecond
 
 // buildFleet makes the fleet with its perf model and KV-event publishers; cleanup closes the
 // publishers (after the fleet stopped).

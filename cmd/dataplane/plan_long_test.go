@@ -50,7 +50,7 @@ func plannerRamp(t *testing.T, role, pool, mockFlags string, removals int) ([]st
 	}
 
 	// 1024 blocks of 16 tokens an engine: ~7 requests of 2,000 + 300 tokens fill one.
-	mockCmd := fmt.Sprintf("%s mock --engines 1 --name-prefix {name}- --kv-events nats --nats %s --listen 127.0.0.1:0 --stats-every 0 --role %s --drain-timeout 30s --speedup 5 %s", bin, natsURL, role, mockFlags)
+	mockCmd := fmt.Sprintf("%s mock --engines 1 --name-prefix {name}- --kv-events nats --nats %s --listen 127.0.0.1:0 --stats-every 0 --role %s --drain-timeout 30s %s", bin, natsURL, role, mockFlags)
 	state := map[string]any{"namespace": "t", "environment": map[string]any{"SYSTEM_RESOURCES": map[string]any{"gpu_info": []string{"0", "1", "2"}}},
 		"components": map[string]any{"t_" + pool: map[string]any{"pool": pool, "cmd": mockCmd, "resources": map[string]any{"allocated_gpus": []string{"0"}}}}}
 	b, _ := json.Marshal(state)
@@ -62,6 +62,11 @@ func plannerRamp(t *testing.T, role, pool, mockFlags string, removals int) ([]st
 		"--record", filepath.Join(work, "observations.jsonl"))
 	planner.waitLog(t, `planner: running`, 30*time.Second)
 
+	// A prefill engine sees only prefill steps (max_tokens 1): its heavy phase has longer prompts.
+	heavyISL := 2000
+	if role == "prefill" {
+		heavyISL = 8000
+	}
 	// The ramp: 8 requests/s of 2,000 + 300 tokens for 10 s, then 1/s of 200 + 20 for 24 s (the
 	// engines run 5 times faster than real ones).
 	var recs []synth.Record
@@ -75,7 +80,7 @@ func plannerRamp(t *testing.T, role, pool, mockFlags string, removals int) ([]st
 		recs = append(recs, r)
 	}
 	for ms := 0.0; ms < 10000; ms += 125 {
-		add(ms, 2000, 300)
+		add(ms, heavyISL, 300)
 	}
 	for ms := 10000.0; ms < 34000; ms += 1000 {
 		add(ms, 200, 20)
@@ -143,7 +148,7 @@ func everyRequestAnswered(t *testing.T, rows [][]string) map[string]int {
 // The decode pool (aggregated engines, 1,024 KV blocks each): full KV caches add workers up
 // to the budget, the grace period holds them, then they go one by one, leases revoked first.
 func TestPlannerDecodeLong(t *testing.T) {
-	actions, log, rows := plannerRamp(t, "aggregated", "decode", "--kv-blocks 1024", 2)
+	actions, log, rows := plannerRamp(t, "aggregated", "decode", "--kv-blocks 1024 --speedup 5", 2)
 	// The shape the rules give: adds up to the budget (3 GPUs), at least 3 intervals with no
 	// removal after the last add, then removals down to one worker, and nothing else.
 	lastAdd, firstRemove := -1, -1
@@ -171,17 +176,18 @@ func TestPlannerDecodeLong(t *testing.T) {
 	require.GreaterOrEqual(t, len(everyRequestAnswered(t, rows)), 3, "the added workers served")
 }
 
-// The prefill pool (engines announced as prefill that run 2 requests at a time, so requests
-// wait): a growing queue adds workers, an empty one removes them at once (no grace), with
-// SIGTERM alone, and each finishes what it has.
+// The prefill pool of a disaggregated fleet (prefill engines that take one prefill step at a
+// time, at real speed, beside two decode engines the planner does not manage): a growing queue
+// adds workers, an empty one removes them at once (no grace), with SIGTERM alone, and each
+// finishes what it has; the decode pool is held.
 func TestPlannerPrefillLong(t *testing.T) {
-	// Open (issue 25, after issue 24 landed): a fleet with prefill workers now routes in two
-	// steps, so this ramp runs beside two decode engines; there the planner also decides for the
-	// decode pool it does not manage (decode-1 every interval), and the prefill steps alone
-	// (max_tokens 1) never make a queue at this rate. Both want changes to the planner and the
-	// ramp, not to this check.
-	t.Skip("open: the prefill pool in a disaggregated fleet (see the comment)")
-	actions, log, rows := plannerRamp(t, "prefill", "prefill", "--max-seqs 2", 1)
+	// Open (issue 25): the planner scales this pool as the rules say (prefill+1, prefill-1,
+	// prefill+1, prefill-1 in the last run), but a worker it adds again takes the name of one it
+	// removed, at another port, and bench load's endpoint cache (bench/loadgen/routed.go) still
+	// has the old one: one request in the ramp is refused.
+	t.Skip("open: bench load --router keeps a reused worker name's old endpoint (see the comment)")
+	actions, log, rows := plannerRamp(t, "prefill", "prefill", "--max-seqs 1 --speedup 1", 1)
+	require.Contains(t, log, "decode: -1 held: the backend does not scale this pool")
 	// Each decision is what the rules make of its interval's inputs, as logged.
 	line := regexp.MustCompile(`msg="planner: decision" action=(\S+) operate=true samples=\d+ avg_prefill_queue=(\S+) avg_decode_kv=\S+ predicted_prefill_queue=(\S+) prefill=(\d+)`)
 	adds, removes := 0, 0
