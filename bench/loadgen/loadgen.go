@@ -215,7 +215,7 @@ func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample
 		body["media"] = media
 	}
 	if prefillEP != "" {
-		kv, err := rt.prefillStep(ctx, prefillEP, body)
+		kv, err := rt.prefillStep(ctx, router, prefillEP, body)
 		if err != nil {
 			s.Err = err.Error()
 			return
@@ -238,6 +238,15 @@ func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample
 		sent = time.Now()
 	}
 	resp, err := client.Do(req)
+	if rt != nil {
+		if fresh, ok := rt.stale(ctx, router, s.Endpoint, err); ok { // a worker name the fleet reused
+			s.Endpoint = fresh
+			if req, err = http.NewRequestWithContext(ctx, http.MethodPost, fresh+"/v1/completions", bytes.NewReader(raw)); err == nil {
+				req.Header.Set("Content-Type", "application/json")
+				resp, err = client.Do(req)
+			}
+		}
+	}
 	if err != nil {
 		s.Err = err.Error()
 		return

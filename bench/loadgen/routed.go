@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -45,7 +47,7 @@ var prefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill
 // prefillStep runs the prefill step of a disaggregated request on the prefill worker at ep (the
 // prompt, max_tokens 1, answered whole) and returns the kv_transfer_params its answer carries
 // for the decode step.
-func (r *routed) prefillStep(ctx context.Context, ep string, body map[string]any) (json.RawMessage, error) {
+func (r *routed) prefillStep(ctx context.Context, router, ep string, body map[string]any) (json.RawMessage, error) {
 	step := make(map[string]any, len(body)+1)
 	for k, v := range body {
 		step[k] = v
@@ -55,7 +57,11 @@ func (r *routed) prefillStep(ctx context.Context, ep string, body map[string]any
 	var out struct {
 		KVTransfer json.RawMessage `json:"kv_transfer_params"`
 	}
-	if err := r.post(ctx, ep+"/v1/completions", step, &out); err != nil {
+	err := r.post(ctx, ep+"/v1/completions", step, &out)
+	if fresh, ok := r.stale(ctx, router, ep, err); ok {
+		err = r.post(ctx, fresh+"/v1/completions", step, &out)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("prefill step: %w", err)
 	}
 	if len(out.KVTransfer) == 0 || string(out.KVTransfer) == "null" {
@@ -98,6 +104,35 @@ func (r *routed) endpoint(ctx context.Context, router, name string) (string, err
 	if ok {
 		return ep, nil
 	}
+	return r.refresh(ctx, router, name)
+}
+
+// stale handles a request that could not connect to ep: if the router's fleet now lists
+// another endpoint under a name ep was cached for (a worker stopped and another started under
+// its name, as a planner does), it returns that one, so the request can be sent again.
+func (r *routed) stale(ctx context.Context, router, ep string, err error) (string, bool) {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "dial" {
+		return "", false
+	}
+	r.mu.Lock()
+	name := ""
+	for n, e := range r.endpoints {
+		if e == ep {
+			name = n
+			delete(r.endpoints, n)
+		}
+	}
+	r.mu.Unlock()
+	if name == "" {
+		return "", false
+	}
+	fresh, ferr := r.refresh(ctx, router, name)
+	return fresh, ferr == nil && fresh != ep
+}
+
+// refresh reads the router's fleet into the cache and returns name's endpoint.
+func (r *routed) refresh(ctx context.Context, router, name string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, router+"/v1/fleet", nil)
 	if err != nil {
 		return "", err
@@ -124,7 +159,8 @@ func (r *routed) endpoint(ctx context.Context, router, name string) (string, err
 			r.endpoints[w.Name] = strings.TrimRight(w.Endpoint, "/")
 		}
 	}
-	if ep, ok = r.endpoints[name]; !ok {
+	ep, ok := r.endpoints[name]
+	if !ok {
 		return "", fmt.Errorf("router %s routed to %q, which its fleet does not list with an endpoint", router, name)
 	}
 	return ep, nil

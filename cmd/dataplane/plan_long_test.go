@@ -181,11 +181,6 @@ func TestPlannerDecodeLong(t *testing.T) {
 // adds workers, an empty one removes them at once (no grace), with SIGTERM alone, and each
 // finishes what it has; the decode pool is held.
 func TestPlannerPrefillLong(t *testing.T) {
-	// Open (issue 25): the planner scales this pool as the rules say (prefill+1, prefill-1,
-	// prefill+1, prefill-1 in the last run), but a worker it adds again takes the name of one it
-	// removed, at another port, and bench load's endpoint cache (bench/loadgen/routed.go) still
-	// has the old one: one request in the ramp is refused.
-	t.Skip("open: bench load --router keeps a reused worker name's old endpoint (see the comment)")
 	actions, log, rows := plannerRamp(t, "prefill", "prefill", "--max-seqs 1 --speedup 1", 1)
 	require.Contains(t, log, "decode: -1 held: the backend does not scale this pool")
 	// Each decision is what the rules make of its interval's inputs, as logged.
