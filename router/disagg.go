@@ -222,18 +222,13 @@ func (r *Router) Route(req Request, d *Decision) error {
 func (r *Router) DecideDisagg(req Request, d *Decision) error {
 	sc := r.hashers.Get().(*scratch)
 	defer r.hashers.Put(sc)
-	bs := r.opts.BlockSize
-	isl := len(req.Tokens)
-	hashes, err := sc.hasher.Sequence(d.Hashes[:0], req.Tokens, SeedFor(req.LoRA, req.Salt), req.Media)
+	total, err := r.lookup(req, d, sc)
 	if err != nil {
 		return err
 	}
-	r.ix.Match(hashes, &sc.cached)
-	r.slots.ActiveMatch(hashes, &sc.active)
-	total := (isl + bs - 1) / bs
 	workers := *r.workers.Load()
 	o := &r.opts.Disagg
-	d.Worker, d.Prefill, d.Decode, d.Blocks, d.Tokens, d.Hashes = "", "", "", len(hashes), isl, hashes
+	d.Prefill, d.Decode = "", ""
 	d.Scores, d.PrefillScores, d.Topology = d.Scores[:0], d.PrefillScores[:0], nil
 	now := time.Now()
 	usable := func(w *worker) string {
@@ -324,7 +319,7 @@ func (r *Router) DecideDisagg(req Request, d *Decision) error {
 			d.Topology.Fallback = true
 		}
 	}
-	kvBytes := float64(isl) * o.KVBytesPerToken
+	kvBytes := float64(len(req.Tokens)) * o.KVBytesPerToken
 	soft := !o.QoS.Empty()
 	if soft {
 		if d.Topology == nil {
@@ -375,7 +370,8 @@ func (r *Router) DecideDisagg(req Request, d *Decision) error {
 	return nil
 }
 
-// scoreWorker fills in a worker's overlap and load terms as Decide does.
+// scoreWorker fills in a worker's overlap and load terms, all but the cost (Decide's and each
+// step of DecideDisagg's differ). Decide writes the same terms out in its loop (its hot path).
 func (r *Router) scoreWorker(s *WorkerScore, w *worker, sc *scratch, req Request, total int, now time.Time) {
 	bs, isl := r.opts.BlockSize, len(req.Tokens)
 	*s = WorkerScore{Worker: w.name}

@@ -279,22 +279,18 @@ func newScratch(blockSize int) *scratch {
 func (r *Router) Decide(req Request, d *Decision) error {
 	sc := r.hashers.Get().(*scratch)
 	defer r.hashers.Put(sc)
-	bs := r.opts.BlockSize
-	isl := len(req.Tokens)
-	hashes, err := sc.hasher.Sequence(d.Hashes[:0], req.Tokens, SeedFor(req.LoRA, req.Salt), req.Media)
+	total, err := r.lookup(req, d, sc)
 	if err != nil {
 		return err
 	}
-	r.ix.Match(hashes, &sc.cached)
-	r.slots.ActiveMatch(hashes, &sc.active)
-	total := (isl + bs - 1) / bs
 	workers := *r.workers.Load()
-	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), isl, hashes
 	d.Scores = slices.Grow(d.Scores[:0], len(workers))[:len(workers)]
-	lastTier := r.opts.Index.Tiers - 1
+	bs, isl, lastTier := r.opts.BlockSize, len(req.Tokens), r.opts.Index.Tiers-1
 	now := time.Now()
 	for i, w := range workers {
 		s := &d.Scores[i]
+		// scoreWorker's terms, written out: the call per worker (it does not inline) made a
+		// decision over 10,000 workers 16 % slower (Decide4K, 8 alternating runs, benchstat).
 		*s = WorkerScore{Worker: w.name}
 		s.Overlap = sc.cached.Blocks(w.slot, 0)
 		s.OverlapAny = sc.cached.Blocks(w.slot, lastTier)
@@ -319,19 +315,28 @@ func (r *Router) Decide(req Request, d *Decision) error {
 			s.Eligible = true
 		}
 	}
-	u := 0.0
-	if r.opts.Temperature > 0 {
-		r.randMu.Lock()
-		u = r.rand.Float64()
-		r.randMu.Unlock()
-	}
-	pick := Choose(d.Scores, r.opts.Temperature, u)
+	pick := Choose(d.Scores, r.opts.Temperature, r.draw())
 	if pick < 0 {
 		return &ErrNoWorker{Workers: len(workers)}
 	}
 	d.Worker = d.Scores[pick].Worker
 	r.decisions.Add(1)
 	return nil
+}
+
+// lookup is what every decision starts with: the prompt's sequence hashes into d (with its
+// block and token counts), matched against the cache index and the blocks in flight into sc.
+// It returns the prompt's blocks, the last one partial included.
+func (r *Router) lookup(req Request, d *Decision, sc *scratch) (total int, err error) {
+	hashes, err := sc.hasher.Sequence(d.Hashes[:0], req.Tokens, SeedFor(req.LoRA, req.Salt), req.Media)
+	if err != nil {
+		return 0, err
+	}
+	r.ix.Match(hashes, &sc.cached)
+	r.slots.ActiveMatch(hashes, &sc.active)
+	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), len(req.Tokens), hashes
+	bs := r.opts.BlockSize
+	return (len(req.Tokens) + bs - 1) / bs, nil
 }
 
 // Start records a request routed by d (to d.Worker, or another worker the caller chose) with the
