@@ -40,10 +40,6 @@ func newRouted(client *http.Client, routers []string, run string) *routed {
 	return &routed{client: client, routers: routers, run: run, endpoints: map[string]string{}}
 }
 
-// prefillParams are what a disaggregated proxy sends with the prefill step (vLLM's
-// tests/v1/kv_connector/nixl_integration/toy_proxy_server.py; dataplane/worker/disagg.go).
-var prefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
-
 // prefillStep runs the prefill step of a disaggregated request on the prefill worker at ep (the
 // prompt, max_tokens 1, answered whole) and returns the kv_transfer_params its answer carries
 // for the decode step.
@@ -52,7 +48,7 @@ func (r *routed) prefillStep(ctx context.Context, router, ep string, body map[st
 	for k, v := range body {
 		step[k] = v
 	}
-	step["max_tokens"], step["stream"], step["kv_transfer_params"] = 1, false, prefillParams
+	step["max_tokens"], step["stream"], step["kv_transfer_params"] = 1, false, worker.PrefillParams
 	delete(step, "stream_options")
 	var out struct {
 		KVTransfer json.RawMessage `json:"kv_transfer_params"`

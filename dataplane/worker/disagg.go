@@ -26,8 +26,9 @@ type Prefiller interface {
 	Prefill(ctx context.Context, req *Request) (json.RawMessage, error)
 }
 
-// prefillParams are the prefill step's kv_transfer_params, as the toy proxy sends them.
-var prefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+// PrefillParams are the prefill step's kv_transfer_params, as the toy proxy sends them (read
+// only: shared by every request).
+var PrefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 
 // maxPrefillAnswer bounds the prefill step's answer (one token, the usage, the handle: the
 // prompt's block ids).
@@ -39,7 +40,7 @@ const maxPrefillAnswer = 8 << 20
 // kv_transfer_params (an engine started without a KV connector) is one too, not unavailable.
 func (h *HTTP) Prefill(ctx context.Context, req *Request) (json.RawMessage, error) {
 	body := completionBody{sampling: samplingOf(&req.Sampling), Model: h.opts.Model, CacheSalt: req.CacheSalt,
-		KVTransferParams: prefillParams}
+		KVTransferParams: PrefillParams}
 	body.MaxTokens, body.MinTokens = 1, 0
 	path, raw, err := h.encode(body, req)
 	if err != nil {
