@@ -25,23 +25,15 @@ func (r *request) generateDisagg(ctx context.Context, d router.Decision, embeds 
 	if !ok {
 		return nil, fail(ErrUnavailable, "", "%s cannot take a prefill step", pe.label)
 	}
-	ids, spans := r.expanded()
-	wreq := &worker.Request{ID: r.id, TokenIDs: ids, Media: r.workerSpans(spans), Embeds: embeds, Messages: r.p.Messages,
-		Sampling: r.p.Sampling, CacheSalt: r.p.Ext.CacheSalt}
+	wreq := r.workerRequest(embeds)
 	if err := s.router.Start(r.key, d, d.Decode, time.Now()); err == nil {
 		r.routed.Store(true)
 	}
 	handle, err := pf.Prefill(ctx, wreq)
 	s.router.PrefillDone(r.key)
 	if err != nil {
-		if r.routed.Swap(false) {
-			s.router.Finish(r.key)
-		}
-		if ctx.Err() != nil {
+		if r.stepFailed(ctx, pe, err) {
 			return nil, ctx.Err()
-		}
-		if unavailable(err) {
-			s.markDown(pe, err)
 		}
 		return nil, &Error{Kind: ErrUpstream, Err: &upstreamError{msg: pe.label + " (prefill): " + worker.Public(err), cause: err}}
 	}

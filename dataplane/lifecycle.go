@@ -591,9 +591,7 @@ func (r *request) generate(ctx context.Context, d router.Decision, embeds native
 	if e == nil {
 		return nil, fail(ErrUnavailable, "", "the LLM worker chosen is gone")
 	}
-	ids, spans := r.expanded()
-	wreq := &worker.Request{ID: r.id, TokenIDs: ids, Media: r.workerSpans(spans), Embeds: embeds, Messages: r.p.Messages,
-		Sampling: r.p.Sampling, CacheSalt: r.p.Ext.CacheSalt}
+	wreq := r.workerRequest(embeds)
 	g, err := r.attempt(ctx, d, e, wreq)
 	if err == nil || ctx.Err() != nil {
 		return g, err
@@ -641,20 +639,38 @@ func (r *request) attempt(ctx context.Context, d router.Decision, e *workerEntry
 		}
 	}
 	if err != nil {
-		if r.routed.Swap(false) {
-			s.router.Finish(r.key)
-		}
-		if ctx.Err() != nil {
+		if r.stepFailed(ctx, e, err) {
 			return nil, ctx.Err()
-		}
-		if unavailable(err) {
-			s.markDown(e, err)
 		}
 		return nil, err
 	}
 	out := make(chan worker.Event, 16)
 	go r.forward(ctx, e, first, events, out)
 	return &Generation{ID: r.id, Model: s.models.Name, Worker: e.name, PromptTokens: r.pm.Len, Events: out}, nil
+}
+
+// workerRequest is what a worker is handed: the expanded sequence, its media, the merged
+// sequence (embeds) and the request's messages and parameters.
+func (r *request) workerRequest(embeds native.Matrix) *worker.Request {
+	ids, spans := r.expanded()
+	return &worker.Request{ID: r.id, TokenIDs: ids, Media: r.workerSpans(spans), Embeds: embeds, Messages: r.p.Messages,
+		Sampling: r.p.Sampling, CacheSalt: r.p.Ext.CacheSalt}
+}
+
+// stepFailed ends the router's tracking of a request whose worker failed it, and takes the
+// worker out of routing if it was unavailable; true when ctx had ended instead (the failure is
+// the client's going, not the worker's).
+func (r *request) stepFailed(ctx context.Context, e *workerEntry, err error) bool {
+	if r.routed.Swap(false) {
+		r.s.router.Finish(r.key)
+	}
+	if ctx.Err() != nil {
+		return true
+	}
+	if unavailable(err) {
+		r.s.markDown(e, err)
+	}
+	return false
 }
 
 // nextBest is the healthy worker of d, other than failed, that d's scores rank first (nil if
