@@ -10,37 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+
+	"dataplane/router/internal/natstest"
 )
-
-// jsServer runs a JetStream server on loopback storing under dir; port 0 picks one (restart
-// one on the port it had with the same dir to keep its streams).
-func jsServer(t testing.TB, dir string, port int) *server.Server {
-	t.Helper()
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true,
-		JetStream: true, StoreDir: dir, JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 256 << 20})
-	require.NoError(t, err)
-	go s.Start()
-	require.True(t, s.ReadyForConnections(10*time.Second))
-	t.Cleanup(s.Shutdown)
-	return s
-}
-
-func connect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	return nc, js
-}
 
 // recorder is a Handler that keeps what it heard.
 type recorder struct {
@@ -175,8 +150,8 @@ func FuzzParseLoad(f *testing.F) {
 // Announced workers are seen within a heartbeat, updates follow, a worker dropped from the list
 // and all of them at the announcer's stop leave at once ("withdrawn").
 func TestAnnounceWatch(t *testing.T) {
-	s := jsServer(t, t.TempDir(), 0)
-	nc, js := connect(t, s.ClientURL())
+	s := natstest.JetStream(t, t.TempDir(), 0)
+	nc, js := natstest.Connect(t, s.ClientURL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	opts := DefaultBucketOptions()
@@ -221,8 +196,8 @@ func TestAnnounceWatch(t *testing.T) {
 func TestLeaseExpiry(t *testing.T) {
 	for _, markers := range []bool{true, false} {
 		t.Run(map[bool]string{true: "markers", false: "clock"}[markers], func(t *testing.T) {
-			s := jsServer(t, t.TempDir(), 0)
-			nc, js := connect(t, s.ClientURL())
+			s := natstest.JetStream(t, t.TempDir(), 0)
+			nc, js := natstest.Connect(t, s.ClientURL())
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			opts := DefaultBucketOptions()
@@ -258,9 +233,9 @@ func TestLeaseExpiry(t *testing.T) {
 // and keeps the live worker, and a worker that stopped heartbeating leaves.
 func TestWatchAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
-	s := jsServer(t, dir, 0)
+	s := natstest.JetStream(t, dir, 0)
 	port := s.Addr().(*net.TCPAddr).Port
-	nc, js := connect(t, s.ClientURL())
+	nc, js := natstest.Connect(t, s.ClientURL())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	opts := DefaultBucketOptions()
@@ -282,7 +257,7 @@ func TestWatchAcrossRestart(t *testing.T) {
 	s.Shutdown()
 	s.WaitForShutdown()
 	time.Sleep(300 * time.Millisecond)
-	jsServer(t, dir, port)
+	natstest.JetStream(t, dir, port)
 	require.Eventually(t, func() bool { return rec.why("dies") != "" }, 2*opts.Lease, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return w.Stats.Rewatches.Load() > 0 }, opts.Lease, 10*time.Millisecond)
 	time.Sleep(opts.Lease) // a lease later the live worker is still there, never having left
@@ -294,8 +269,8 @@ func TestWatchAcrossRestart(t *testing.T) {
 // Loads go out when they change, and at least every MaxQuiet when they do not; a subscriber
 // gets them by worker name and counts what does not parse.
 func TestLoadPublisher(t *testing.T) {
-	s := jsServer(t, t.TempDir(), 0)
-	nc, _ := connect(t, s.ClientURL())
+	s := natstest.JetStream(t, t.TempDir(), 0)
+	nc, _ := natstest.Connect(t, s.ClientURL())
 	var mu sync.Mutex
 	got := map[string][]Load{}
 	var stats LoadStats

@@ -8,30 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"dataplane/router"
+	"dataplane/router/internal/natstest"
 	"dataplane/router/internal/testrand"
 )
-
-// jsServer runs a JetStream server on loopback storing under dir (port 0: any; restart one on
-// its old port with the same dir to keep its streams).
-func jsServer(t testing.TB, dir string, port int) *server.Server {
-	t.Helper()
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true,
-		JetStream: true, StoreDir: dir, JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 256 << 20})
-	require.NoError(t, err)
-	go s.Start()
-	require.True(t, s.ReadyForConnections(10*time.Second))
-	t.Cleanup(s.Shutdown)
-	return s
-}
 
 // testStream is the default stream, small enough for jsServer's store.
 func testStream() StreamOptions {
@@ -44,16 +28,6 @@ func testFeedOptions() StreamFeedOptions {
 	o := DefaultStreamFeedOptions()
 	o.Stream = testStream()
 	return o
-}
-
-func jsConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	return nc, js
 }
 
 // streamWorker publishes one engine's batches on the stream's subject: a conversation stored
@@ -158,8 +132,8 @@ func (rep *replica) overlaps(t *testing.T, prompts [][]uint32) []map[string]int 
 // drops its state in all of them alike; batches of a worker nobody registered wait and go.
 func TestStreamFeedReplicasConverge(t *testing.T) {
 	rnd := testrand.New(t)
-	s := jsServer(t, t.TempDir(), 0)
-	nc, js := jsConnect(t, s.ClientURL())
+	s := natstest.JetStream(t, t.TempDir(), 0)
+	nc, js := natstest.Connect(t, s.ClientURL())
 	_, err := EnsureStream(context.Background(), js, testStream())
 	require.NoError(t, err)
 	_, err = EnsureStream(context.Background(), js, testStream()) // again: nothing changes
@@ -222,8 +196,8 @@ func TestStreamFeedReplicasConverge(t *testing.T) {
 // that joins reads its history from the stream, dropped batches included.
 func TestStreamFeedWaitingBounded(t *testing.T) {
 	rnd := testrand.New(t)
-	s := jsServer(t, t.TempDir(), 0)
-	nc, js := jsConnect(t, s.ClientURL())
+	s := natstest.JetStream(t, t.TempDir(), 0)
+	nc, js := natstest.Connect(t, s.ClientURL())
 	_, err := EnsureStream(context.Background(), js, testStream())
 	require.NoError(t, err)
 	opts := testFeedOptions()
@@ -271,8 +245,8 @@ func TestStreamFeedWaitingBounded(t *testing.T) {
 // whole history back from the stream, as a replica that starts now has it.
 func TestStreamFeedRejoin(t *testing.T) {
 	rnd := testrand.New(t)
-	s := jsServer(t, t.TempDir(), 0)
-	nc, js := jsConnect(t, s.ClientURL())
+	s := natstest.JetStream(t, t.TempDir(), 0)
+	nc, js := natstest.Connect(t, s.ClientURL())
 	_, err := EnsureStream(context.Background(), js, testStream())
 	require.NoError(t, err)
 	w := &streamWorker{name: "w", c: newConvo(rnd, 64), per: 4, removes: true}
@@ -305,9 +279,9 @@ func TestStreamFeedRejoin(t *testing.T) {
 func TestStreamFeedAcrossRestart(t *testing.T) {
 	rnd := testrand.New(t)
 	dir := t.TempDir()
-	s := jsServer(t, dir, 0)
+	s := natstest.JetStream(t, dir, 0)
 	port := s.Addr().(*net.TCPAddr).Port
-	nc, js := jsConnect(t, s.ClientURL())
+	nc, js := natstest.Connect(t, s.ClientURL())
 	_, err := EnsureStream(context.Background(), js, testStream())
 	require.NoError(t, err)
 	po := DefaultStreamPublisherOptions()
@@ -338,7 +312,7 @@ func TestStreamFeedAcrossRestart(t *testing.T) {
 	s.Shutdown()
 	s.WaitForShutdown()
 	send(10) // queued while the server is away
-	jsServer(t, dir, port)
+	natstest.JetStream(t, dir, port)
 	send(10)
 	flush()
 	rep.waitFor(t, js, 80)
