@@ -228,23 +228,22 @@ func send(ctx context.Context, client *http.Client, rec *synth.Record, s *Sample
 		s.Err = err.Error()
 		return
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.Endpoint+"/v1/completions", bytes.NewReader(raw))
-	if err != nil {
-		s.Err = err.Error()
-		return
+	post := func(ep string) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep+"/v1/completions", bytes.NewReader(raw))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		return client.Do(req)
 	}
-	req.Header.Set("Content-Type", "application/json")
 	if prefillEP == "" {
 		sent = time.Now()
 	}
-	resp, err := client.Do(req)
+	resp, err := post(s.Endpoint)
 	if rt != nil {
 		if fresh, ok := rt.stale(ctx, router, s.Endpoint, err); ok { // a worker name the fleet reused
 			s.Endpoint = fresh
-			if req, err = http.NewRequestWithContext(ctx, http.MethodPost, fresh+"/v1/completions", bytes.NewReader(raw)); err == nil {
-				req.Header.Set("Content-Type", "application/json")
-				resp, err = client.Do(req)
-			}
+			resp, err = post(fresh)
 		}
 	}
 	if err != nil {

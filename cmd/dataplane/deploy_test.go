@@ -26,6 +26,9 @@ const deployDir = "../../dataplane/deploy/k8s"
 // then. Once serve has one, this test fails until it is taken off this list.
 var pendingFlags = map[string]string{}
 
+// envRef is a $(VAR) reference in an environment variable's value.
+var envRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
 // downwardSamples are a pod's values of the Downward API fields the manifests read.
 var downwardSamples = map[string]string{"metadata.name": "dataplane-x7k2q", "metadata.namespace": "dataplane",
 	"spec.nodeName": "gpu-7.example.internal", "status.podIP": "10.4.2.17"}
@@ -86,7 +89,7 @@ func loadDeployManifests(t *testing.T) deployManifests {
 		// API's fields get a pod's sample values.
 		seen := map[string]string{}
 		for _, e := range c.Env {
-			v := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(e.Value, func(ref string) string {
+			v := envRef.ReplaceAllStringFunc(e.Value, func(ref string) string {
 				if x, ok := seen[ref[2:len(ref)-1]]; ok {
 					return x
 				}
