@@ -42,6 +42,8 @@ typedef enum dp_isa {
 	DP_ISA_AUTO = -1,
 	DP_ISA_GENERIC = 0, /* portable C */
 	DP_ISA_AVX2 = 1,    /* x86-64 AVX2 + F16C, with OS support for YMM state */
+	DP_ISA_AVX512 = 2,  /* AVX2 plus AVX-512 F, BW, DQ and VL, with OS support for ZMM and opmask state */
+	DP_ISA_COUNT = 3,   /* one past the last variant */
 } dp_isa;
 
 /* dp_dtype_size returns the element size in bytes, 0 for an unknown dtype. */

@@ -198,7 +198,7 @@ static void copy_16(void *dst, const void *src, int64_t n) {
 }
 
 /* Indexed [isa][dst][src]. */
-static const dp_convert_fn converters[2][3][3] = {
+static const dp_convert_fn converters[DP_ISA_COUNT][3][3] = {
 	[DP_ISA_GENERIC] = {
 		[DP_F32] = {copy_f32, f16_f32_generic, bf16_f32_generic},
 		[DP_F16] = {f32_f16_generic, copy_16, bf16_f16_generic},
@@ -210,11 +210,17 @@ static const dp_convert_fn converters[2][3][3] = {
 		[DP_F16] = {f32_f16_avx2, copy_16, bf16_f16_avx2},
 		[DP_BF16] = {f32_bf16_avx2, f16_bf16_avx2, copy_16},
 	},
+	/* No AVX-512 conversions yet: the AVX2 ones. */
+	[DP_ISA_AVX512] = {
+		[DP_F32] = {copy_f32, f16_f32_avx2, bf16_f32_avx2},
+		[DP_F16] = {f32_f16_avx2, copy_16, bf16_f16_avx2},
+		[DP_BF16] = {f32_bf16_avx2, f16_bf16_avx2, copy_16},
+	},
 #endif
 };
 
 dp_convert_fn dp_converter(int32_t dst_dtype, int32_t src_dtype, int32_t isa) {
-	if (dp_dtype_size(dst_dtype) == 0 || dp_dtype_size(src_dtype) == 0 || isa < 0 || isa > 1) return NULL;
+	if (dp_dtype_size(dst_dtype) == 0 || dp_dtype_size(src_dtype) == 0 || isa < 0 || isa >= DP_ISA_COUNT) return NULL;
 	return converters[isa][dst_dtype][src_dtype];
 }
 

@@ -175,7 +175,7 @@ static void peak_part(void *ctx, int32_t i, int32_t n) {
 	(void)i, (void)n;
 	peak_job *j = ctx;
 #if DP_X86
-	if (j->isa == DP_ISA_AVX2) {
+	if (j->isa >= DP_ISA_AVX2) {
 		j->sink = fma_loop_avx2(j->iters);
 		return;
 	}
@@ -190,7 +190,7 @@ double dp_fma_peak(int64_t iters, int32_t n_threads, int32_t isa) {
 	peak_job j = {iters, v, 0};
 	dp_parallel_for(n_threads, peak_part, &j);
 #if DP_X86
-	if (v == DP_ISA_AVX2) return (double)iters * 12 * 8 * 2 * n_threads;
+	if (v >= DP_ISA_AVX2) return (double)iters * 12 * 8 * 2 * n_threads;
 #endif
 	return (double)iters * MR * NR * 2 * n_threads;
 }
@@ -283,7 +283,7 @@ static dp_status run_gemm(gemm_job *j, int32_t n_threads, int32_t isa, char *msg
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "instruction set %d not supported here", isa);
 	j->kernel = kernel_generic;
 #if DP_X86
-	if (v == DP_ISA_AVX2) j->kernel = kernel_avx2;
+	if (v >= DP_ISA_AVX2) j->kernel = kernel_avx2;
 #endif
 	if (j->m == 0 || j->b->n == 0) return DP_OK;
 	if (j->b->k == 0) { /* an empty sum: C = bias (or unchanged when accumulating) */

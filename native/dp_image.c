@@ -139,7 +139,7 @@ dp_status dp_image_normalize(const uint8_t *src, int32_t w, int32_t h, const flo
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "normalize: kernel variant %d not supported here", isa);
 	const size_t plane = (size_t)w * (size_t)h;
 #if DP_X86
-	if (v == DP_ISA_AVX2) {
+	if (v >= DP_ISA_AVX2) {
 		normalize_avx2(src, plane, mean, std, divisor, dst, dtype);
 		return DP_OK;
 	}

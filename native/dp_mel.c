@@ -178,7 +178,7 @@ static void compute_task(void *ctx, int32_t i, int32_t n) {
 	task_range(j, i, n, &f0, &f1);
 	float mx = -INFINITY, m2 = -INFINITY;
 #if DP_X86
-	if (j->isa == DP_ISA_AVX2) done = mel_frames_avx2(j, f0, f1, &mx);
+	if (j->isa >= DP_ISA_AVX2) done = mel_frames_avx2(j, f0, f1, &mx);
 #endif
 	mel_frames_generic(j, f0 + done, f1, &m2);
 	j->task_max[i] = mx > m2 ? mx : m2;

@@ -152,7 +152,7 @@ DP_AVX2 static void softmax_avx2(float *row, int64_t n, float scale) {
 
 void dp_activate(float *x, int64_t n, int32_t act, int32_t isa) {
 #if DP_X86
-	if (isa == DP_ISA_AVX2) {
+	if (isa >= DP_ISA_AVX2) {
 		act_avx2(x, n, act);
 		return;
 	}
@@ -164,7 +164,7 @@ void dp_activate(float *x, int64_t n, int32_t act, int32_t isa) {
 void dp_softmax_rows(float *x, int64_t rows, int64_t n, int64_t ld, float scale, int32_t isa) {
 	for (int64_t r = 0; r < rows; r++) {
 #if DP_X86
-		if (isa == DP_ISA_AVX2) {
+		if (isa >= DP_ISA_AVX2) {
 			softmax_avx2(x + r * ld, n, scale);
 			continue;
 		}

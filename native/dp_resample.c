@@ -143,7 +143,7 @@ dp_status dp_resample(const float *src, int64_t n_src, int32_t rate_in, int32_t 
 	dp_status st = build(&r, rate_in, rate_out, msg, msg_len);
 	if (st != DP_OK) return st;
 #if DP_X86
-	if (v == DP_ISA_AVX2)
+	if (v >= DP_ISA_AVX2)
 		run_avx2(&r, src, n_src, dst, n_dst);
 	else
 #endif

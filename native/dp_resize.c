@@ -316,7 +316,7 @@ dp_status dp_resize(const dp_resize_job *j, int32_t isa, char *msg, size_t msg_l
 		const uint8_t *hsrc = j->src + (size_t)y_first * src_stride;
 #if DP_X86
 		int32_t groups = (cx.ksize + 3) / 4;
-		if (v == DP_ISA_AVX2 && ch == 3 && (wx = malloc((size_t)cx.n * groups * 16 * sizeof(int32_t))) != NULL)
+		if (v >= DP_ISA_AVX2 && ch == 3 && (wx = malloc((size_t)cx.n * groups * 16 * sizeof(int32_t))) != NULL)
 			hpass_avx2_rgb(hsrc, src_stride, (size_t)(j->src_h - y_first) * src_stride, rows, &cx, wx, groups, hdst, out_stride);
 		else
 #endif
@@ -326,7 +326,7 @@ dp_status dp_resize(const dp_resize_job *j, int32_t isa, char *msg, size_t msg_l
 	}
 	if (need_v) {
 #if DP_X86
-		if (v == DP_ISA_AVX2)
+		if (v >= DP_ISA_AVX2)
 			vpass_avx2(vsrc, vstride, (int32_t)out_stride, &cy, j->dst, out_stride);
 		else
 #endif

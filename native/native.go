@@ -67,6 +67,7 @@ const (
 	ISAAuto    ISA = iota
 	ISAGeneric     // portable C
 	ISAAVX2        // x86-64 AVX2 + F16C
+	ISAAVX512      // AVX2 plus AVX-512 F/BW/DQ/VL
 )
 
 func (i ISA) c() C.int32_t { return C.int32_t(i) - 1 }
@@ -79,6 +80,8 @@ func (i ISA) String() string {
 		return "generic"
 	case ISAAVX2:
 		return "avx2"
+	case ISAAVX512:
+		return "avx512"
 	}
 	return fmt.Sprintf("isa(%d)", uint8(i))
 }
@@ -92,7 +95,7 @@ func BestISA() ISA { return ISA(C.dp_isa_best() + 1) }
 // SupportedISAs lists the variants this machine runs, portable first.
 func SupportedISAs() []ISA {
 	var out []ISA
-	for _, i := range []ISA{ISAGeneric, ISAAVX2} {
+	for _, i := range []ISA{ISAGeneric, ISAAVX2, ISAAVX512} {
 		if i.Supported() {
 			out = append(out, i)
 		}

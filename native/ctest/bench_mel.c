@@ -24,7 +24,7 @@ int main(void) {
 	}
 	double dft = median(t_dft, 3);
 	printf("log-mel of 30 s, %d mels, %lld frames; dense DFT: %.2f ms\n", MELS, (long long)frames, dft * 1e3);
-	for (int32_t isa = DP_ISA_GENERIC; isa <= DP_ISA_AVX2; isa++) {
+	for (int32_t isa = DP_ISA_GENERIC; isa < DP_ISA_COUNT; isa++) {
 		if (!dp_isa_supported(isa)) continue;
 		for (int32_t threads = 1; threads <= 2; threads++) {
 			double t[RUNS];

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../dp.h"
+#include "../dp_internal.h"
 #include "check.h"
 
 #define CHUNK (1 << 20)
@@ -13,6 +14,9 @@ static int same_as_generic(int32_t isa, int32_t dst_dtype, int32_t src_dtype, co
                            void *want, void *got) {
 	char msg[128];
 	size_t ds = dp_dtype_size(dst_dtype);
+	/* A variant that reuses the one below it for this pair was checked with that one. */
+	if (isa > DP_ISA_AVX2 && dp_converter(dst_dtype, src_dtype, isa) == dp_converter(dst_dtype, src_dtype, isa - 1))
+		return check_failures;
 	CHECK(dp_convert(want, dst_dtype, src, src_dtype, n, DP_ISA_GENERIC, msg, sizeof msg) == DP_OK, "%s", msg);
 	CHECK(dp_convert(got, dst_dtype, src, src_dtype, n, isa, msg, sizeof msg) == DP_OK, "%s", msg);
 	if (memcmp(want, got, (size_t)n * ds) != 0) {
@@ -41,7 +45,7 @@ int main(void) {
 	for (uint32_t p = 0; p < 1u << 16; p++) pat[p] = (uint16_t)p;
 
 	int variants = 0;
-	for (int32_t isa = DP_ISA_AVX2; isa <= DP_ISA_AVX2; isa++) {
+	for (int32_t isa = DP_ISA_AVX2; isa < DP_ISA_COUNT; isa++) {
 		if (!dp_isa_supported(isa)) {
 			printf("variant %d not supported here: skipped\n", isa);
 			continue;

@@ -47,7 +47,7 @@ int main(void) {
 	printf("gemm: random seed %llu\n", (unsigned long long)seed);
 	rng_state = seed;
 	const int64_t shapes[][3] = {{1, 1, 1}, {6, 16, 256}, {7, 17, 257}, {121, 33, 513}, {5, 200, 30}, {250, 40, 64}};
-	for (int32_t isa = DP_ISA_GENERIC; isa <= DP_ISA_AVX2; isa++) {
+	for (int32_t isa = DP_ISA_GENERIC; isa < DP_ISA_COUNT; isa++) {
 		if (!dp_isa_supported(isa)) continue;
 		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
 			for (int32_t t = 1; t <= 3; t++)

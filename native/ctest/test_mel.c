@@ -59,7 +59,7 @@ static int log_mel(void) {
 	float *x = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * 80 * frames), *got = malloc(sizeof(float) * 80 * frames);
 	for (int64_t i = 0; i < n; i++) x[i] = (float)(0.1 * gauss());
 	CHECK(dp_log_mel_dft(x, n, zeros, 80, ref, 80 * frames, msg, sizeof msg) == DP_OK, "%s", msg);
-	for (int32_t isa = DP_ISA_GENERIC; isa <= DP_ISA_AVX2; isa++) {
+	for (int32_t isa = DP_ISA_GENERIC; isa < DP_ISA_COUNT; isa++) {
 		if (!dp_isa_supported(isa)) continue;
 		for (int32_t threads = 1; threads <= 3; threads++) {
 			CHECK(dp_log_mel(x, n, zeros, 80, got, 80 * frames, NULL, threads, isa, msg, sizeof msg) == DP_OK, "%s", msg);
@@ -88,7 +88,7 @@ static int resample(void) {
 		int64_t m = dp_resample_len(n, rates[r][0], rates[r][1]);
 		CHECK(m > 0 && m <= 3 * n, "length %lld", (long long)m);
 		CHECK(dp_resample(x, n, rates[r][0], rates[r][1], a, m, DP_ISA_GENERIC, msg, sizeof msg) == DP_OK, "%s", msg);
-		for (int32_t isa = DP_ISA_AVX2; isa <= DP_ISA_AVX2; isa++) {
+		for (int32_t isa = DP_ISA_AVX2; isa < DP_ISA_COUNT; isa++) {
 			if (!dp_isa_supported(isa)) continue;
 			CHECK(dp_resample(x, n, rates[r][0], rates[r][1], b, m, isa, msg, sizeof msg) == DP_OK, "%s", msg);
 			double d = max_diff(a, b, (size_t)m);

@@ -85,7 +85,7 @@ int main(void) {
 	printf("seed %llu\n", (unsigned long long)rng_state);
 	if (bad_jobs()) return check_failures;
 	int variants = 0;
-	for (int32_t isa = DP_ISA_GENERIC; isa <= DP_ISA_AVX2; isa++) {
+	for (int32_t isa = DP_ISA_GENERIC; isa < DP_ISA_COUNT; isa++) {
 		if (!dp_isa_supported(isa)) {
 			printf("variant %d not supported here: skipped\n", isa);
 			continue;
