@@ -217,12 +217,10 @@ func (c *Conn) Next(ctx context.Context) (Header, error) {
 	}
 	h, err := c.readHeader(ctx)
 	if err != nil {
+		// Past a bad or oversized header the stream cannot be followed (skipping a declared
+		// terabyte is no option): the Conn is done.
 		c.dropFD()
-		if !errors.Is(err, ErrTooLarge) || h.Kind == 0 {
-			c.rbroke = err
-		} else {
-			c.rbroke = fmt.Errorf("%w (the stream cannot continue past it)", err)
-		}
+		c.rbroke = err
 		return Header{}, err
 	}
 	c.cur, c.left = h, h.Len > 0 || h.Flags&FlagShm != 0
