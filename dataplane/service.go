@@ -127,6 +127,7 @@ type Service struct {
 	memPlan memory.Plan
 	memory  *memory.Budget // nil: no accounting
 	handoff handoff
+	remote  *remoteState // nil: items are encoded here only (SetRemote)
 
 	mu      sync.Mutex
 	workers map[string]*workerEntry
