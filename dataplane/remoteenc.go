@@ -221,6 +221,7 @@ func (r *request) encodeRemote(ctx context.Context, it *item, c remote.Candidate
 	s, rs := r.s, r.s.remote
 	job := it.job
 	rs.sent.Add(1)
+	s.metrics.remoteItems.WithLabelValues("sent").Inc()
 	predicted := c.Queue + c.Encode
 	patience := max(time.Duration(float64(predicted)*rs.o.Patience), rs.o.MinPatience)
 	done := rs.o.Catalog.Sent(c.Name, c.Encode)
@@ -241,11 +242,13 @@ func (r *request) encodeRemote(ctx context.Context, it *item, c remote.Candidate
 		}
 		if job.Context().Err() != nil || ctx.Err() != nil { // nobody waits for it any more
 			rs.failed.Add(1)
+			s.metrics.remoteItems.WithLabelValues("failed").Inc()
 			job.Fail(fmt.Errorf("remote encoder %s: %w", c.Name, err)) //nolint:errcheck
 			return
 		}
 		s.log.Warn("remote encoder failed: encoding here", "request", r.id, "item", it.src.Path, "encoder", c.Name, "err", err)
 		rs.fellBack.Add(1)
+		s.metrics.remoteItems.WithLabelValues("fell_back").Inc()
 		if err := r.encode(it, job, pri); err != nil {
 			job.Fail(err) //nolint:errcheck
 		}
@@ -355,3 +358,31 @@ func (b peerBackend) Encode(ctx context.Context, ri remote.Item, inputs []encode
 	}
 	return v.Bytes()[:ri.Bytes()], release, nil
 }
+
+// EncoderCosts are this daemon's encoders as the fleet hears of them: per modality, the
+// calibrated seconds per feature row (none for a daemon that only counts media).
+func (s *Service) EncoderCosts() map[string]float64 {
+	out := map[string]float64{}
+	if s.models.CountOnly {
+		return out
+	}
+	for _, mod := range s.models.Modalities() {
+		if m, _, err := s.models.ForModality(mod); err == nil {
+			out[mod.String()] = s.pool.SecondsPerToken(m)
+		}
+	}
+	return out
+}
+
+// EncodeQueue is the encoding queued ahead of a new item here (its least loaded encoder
+// worker's), for the load this daemon reports.
+func (s *Service) EncodeQueue() time.Duration {
+	var m encoderpool.Model = s.models.Vision
+	if s.models.Vision == nil {
+		m = s.models.Audio
+	}
+	return s.pool.ETA(m, 0)
+}
+
+// RouterQoS is the routers' per-level link table (--kv-transfer-qos), the features' links too.
+func (s *Service) RouterQoS() topology.QoS { return s.opts.Router.Disagg.QoS }

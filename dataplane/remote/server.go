@@ -11,6 +11,8 @@ import (
 
 	"dataplane/dataplane/encoder"
 	"dataplane/transfer/wire"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Backend is what a Server needs of its daemon: check an item against the encoders it runs
@@ -184,4 +186,29 @@ func (s *Server) refuse(ctx context.Context, c *wire.Conn, id uint64, it Item, l
 		}
 	}
 	return c.SendError(ctx, id, it.Key, why.Error())
+}
+
+var (
+	servedItemsDesc = prometheus.NewDesc("dataplane_remote_served_items_total",
+		"Items other daemons sent this one to encode, by outcome: encoded (features sent back, a cache hit included) or failed (an error frame).", []string{"outcome"}, nil)
+	servedBytesDesc = prometheus.NewDesc("dataplane_remote_served_bytes_total",
+		"Payload bytes of remote encoding: in (inputs received), out (features sent).", []string{"direction"}, nil)
+)
+
+// Collector exports the server's counts, read at scrape time.
+func (s *Server) Collector() prometheus.Collector { return serverCollector{s} }
+
+type serverCollector struct{ s *Server }
+
+func (c serverCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- servedItemsDesc
+	ch <- servedBytesDesc
+}
+
+func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
+	st := &c.s.Stats
+	ch <- prometheus.MustNewConstMetric(servedItemsDesc, prometheus.CounterValue, float64(st.Items.Load()), "encoded")
+	ch <- prometheus.MustNewConstMetric(servedItemsDesc, prometheus.CounterValue, float64(st.Failed.Load()), "failed")
+	ch <- prometheus.MustNewConstMetric(servedBytesDesc, prometheus.CounterValue, float64(st.InBytes.Load()), "in")
+	ch <- prometheus.MustNewConstMetric(servedBytesDesc, prometheus.CounterValue, float64(st.OutBytes.Load()), "out")
 }
