@@ -285,11 +285,19 @@ func (c *Conn) readHeader(ctx context.Context) (Header, error) {
 // with the header; a frame may carry at most one.
 func (c *Conn) readFixed(ctx context.Context) (int, error) {
 	if c.uc == nil {
-		n, err := io.ReadFull(c.nc, c.rfixed[:])
-		if n > 0 {
-			err = unexpected(err)
+		n, err := c.nc.Read(c.rfixed[:])
+		if err != nil || n == HeaderSize {
+			if n > 0 && n < HeaderSize {
+				err = unexpected(err)
+			}
+			return n, err
 		}
-		return n, err
+		// The header started: the rest is bounded by ReadTimeout.
+		if err := c.nc.SetReadDeadline(deadline(ctx, c.opts.ReadTimeout)); err != nil {
+			return n, err
+		}
+		m, err := io.ReadFull(c.nc, c.rfixed[n:])
+		return n + m, unexpected(err)
 	}
 	n := 0
 	for n < HeaderSize {

@@ -165,4 +165,3 @@ func BenchmarkChecksum(b *testing.B) {
 		}
 	})
 }
-
