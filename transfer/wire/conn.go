@@ -371,7 +371,7 @@ func unexpected(err error) error {
 
 // readChunk is how much payload is read before it is hashed: small enough to still be in
 // the cache when the checksum reads it.
-const readChunk = 2 << 20
+const readChunk = 256 << 10
 
 // ReadPayload reads the current frame's payload into dst[:h.Len] (dst must be at least that
 // long) and checks it against the header's checksum (ErrChecksum; the stream stays in sync).
@@ -402,13 +402,15 @@ func (c *Conn) ReadPayload(ctx context.Context, dst []byte) error {
 	defer stop()
 	sum := xxh3.New()
 	for off := 0; off < len(dst); {
-		end := min(off+readChunk, len(dst))
-		if _, err := io.ReadFull(c.nc, dst[off:end]); err != nil {
+		// Whatever the socket has (up to readChunk) per read, hashed at once while it is still
+		// in the cache.
+		n, err := c.nc.Read(dst[off:min(off+readChunk, len(dst))])
+		sum.Write(dst[off : off+n])
+		off += n
+		if err != nil && off < len(dst) {
 			c.rbroke = ioErr(ctx, fmt.Sprintf("read payload of frame %d (%d of %d bytes)", h.RequestID, off, h.Len), unexpected(err))
 			return c.rbroke
 		}
-		sum.Write(dst[off:end])
-		off = end
 	}
 	if got := sum.Sum64(); got != h.Sum {
 		return fmt.Errorf("%w: frame %d (item %q): %#016x, header says %#016x", ErrChecksum, h.RequestID, h.Key.Content, got, h.Sum)
