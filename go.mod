@@ -59,7 +59,7 @@ require (
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/hajimehoshi/go-mp3 v0.3.4
 	github.com/icza/bitio v1.1.0 // indirect
-	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/klauspost/compress v1.20.3
 	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
 	github.com/mewkiz/flac v1.0.14
 	github.com/mewkiz/pkg v0.0.0-20250417130911-3f050ff8c56d // indirect

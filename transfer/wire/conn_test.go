@@ -375,16 +375,24 @@ func TestOversized(t *testing.T) {
 // WriteTimeout; a cancelled context ends a wait for the next header at once.
 func TestTimeouts(t *testing.T) {
 	ctx := context.Background()
-	raw, c := rawPair(t, Options{ReadTimeout: 50 * time.Millisecond})
 	frame := encoded(t, Header{Kind: KindFeatures, RequestID: 1, Key: testKey}, make([]byte, 1000))
-	raw.Write(frame[:HeaderSize+10]) // then silence, connection open
-	start := time.Now()
-	_, err := c.Next(ctx)
-	if err == nil || !errors.Is(err, errDeadline) {
-		t.Fatalf("stalled header: %v, want a deadline error", err)
+	for _, cut := range []int{3, HeaderSize + 10} { // in the fixed part, in the metadata
+		raw, c := rawPair(t, Options{ReadTimeout: 50 * time.Millisecond})
+		raw.Write(frame[:cut]) // then silence, connection open
+		start := time.Now()
+		_, err := c.Next(ctx)
+		if err == nil || !errors.Is(err, errDeadline) {
+			t.Fatalf("header stalled at %d: %v, want a deadline error", cut, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("header stalled at %d took %v", cut, d)
+		}
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("stalled header took %v", d)
+	// The same over a Unix socket, whose headers are read with recvmsg.
+	uc, us := pair(t, "unix", Options{ReadTimeout: 50 * time.Millisecond})
+	uc.Net().Write(frame[:3])
+	if _, err := us.Next(ctx); !errors.Is(err, errDeadline) {
+		t.Fatalf("unix header stalled: %v, want a deadline error", err)
 	}
 
 	client, _ := pair(t, "unix", Options{WriteTimeout: 50 * time.Millisecond})

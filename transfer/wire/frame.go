@@ -138,7 +138,7 @@ type Header struct {
 	Rows      uint32
 	Cols      uint32
 	Len       int64  // payload bytes
-	Sum       uint64 // XXH3-64 of the payload (0 when Len is 0)
+	Sum       uint64 // XXH3-64 of the payload (Checksum); Send computes it when 0
 	ShmOffset int64  // FlagShm: where the payload starts in the memfd
 	Text      string // KindError: the reason; otherwise free-form (≤ MaxText bytes)
 }

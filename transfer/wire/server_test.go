@@ -187,47 +187,15 @@ func testEncodeRequestResponse(t *testing.T, network string) {
 		}
 		return c.Send(ctx, Header{Kind: KindFeatures, RequestID: h.RequestID, Key: h.Key, DType: DTypeBF16, Rows: h.Rows, Cols: h.Cols}, out)
 	}}
-	c := serve(t, network, srv)
+	cl := NewClient(serve(t, network, srv), NewWindow(4, 8<<20))
+	defer cl.Close()
 	store := newStore(t, 16<<20)
-	win := NewWindow(4, 8<<20)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	type pending struct {
-		rec *features.Record
-		job *features.Job
-		in  []float32
-		n   int64
-	}
-	var mu sync.Mutex
-	waiting := map[uint64]pending{}
 	const items = 12
-	done := make(chan error, 1)
-	go func() { // A's reader: answers land in the jobs admitted before sending
-		for range items + 1 {
-			h, err := c.Next(ctx)
-			if err != nil {
-				done <- err
-				return
-			}
-			mu.Lock()
-			p, ok := waiting[h.RequestID]
-			delete(waiting, h.RequestID)
-			mu.Unlock()
-			if !ok {
-				done <- fmt.Errorf("answer to unknown request %d", h.RequestID)
-				return
-			}
-			win.Release(p.n)
-			if err := ReceiveInto(ctx, c, &h, p.job); err != nil && h.Kind != KindError {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
 	r := rand.New(rand.NewPCG(7, 7))
-	var sent []pending
+	var wg sync.WaitGroup
 	for i := range items + 1 {
 		key := testKey
 		key.Content = fmt.Sprintf("img-%d", i)
@@ -235,54 +203,98 @@ func testEncodeRequestResponse(t *testing.T, network string) {
 			key.Model = "whisper-tiny" // B has no such encoder
 		}
 		rows, cols := 1+r.IntN(64), 1024
-		req, _ := store.Begin(key.Content, features.Policy{})
-		rec, job, err := req.Admit(ctx, features.Item{Key: key, MediaID: "0", Bytes: int64(rows * cols * 2)})
-		if err != nil || job == nil {
-			t.Fatal(err)
-		}
 		in := make([]float32, rows*cols)
 		raw := make([]byte, 4*len(in))
 		for j := range in {
 			in[j] = float32(r.NormFloat64())
 			binary.LittleEndian.PutUint32(raw[4*j:], math.Float32bits(in[j]))
 		}
-		p := pending{rec: rec, job: job, in: in, n: int64(len(raw))}
-		if err := win.Acquire(ctx, p.n); err != nil {
-			t.Fatal(err)
-		}
-		mu.Lock()
-		waiting[uint64(i)] = p
-		mu.Unlock()
-		if err := c.Send(ctx, Header{Kind: KindEncode, RequestID: uint64(i), Key: key, DType: DTypeF32, Rows: uint32(rows), Cols: uint32(cols)}, raw); err != nil {
-			t.Fatal(err)
-		}
-		sent = append(sent, p)
+		wg.Add(1)
+		go func() { // A's requests run concurrently; the window holds back the fifth
+			defer wg.Done()
+			req, _ := store.Begin(key.Content, features.Policy{})
+			rec, job, err := req.Admit(ctx, features.Item{Key: key, MediaID: "0", Bytes: int64(rows * cols * 2)})
+			if err != nil || job == nil {
+				t.Error(err)
+				return
+			}
+			err = cl.Call(ctx, Header{Kind: KindEncode, Key: key, DType: DTypeF32, Rows: uint32(rows), Cols: uint32(cols)}, raw,
+				func(ctx context.Context, c *Conn, h *Header) error { return ReceiveInto(ctx, c, h, job) })
+			<-rec.Ready()
+			if i == items {
+				var ee *features.EncodeError
+				if !errors.Is(err, ErrRemote) || !errors.As(rec.Err(), &ee) || !errors.Is(rec.Err(), ErrRemote) {
+					t.Errorf("unknown model: call %v, record error %v", err, rec.Err())
+				}
+				return
+			}
+			if err != nil {
+				t.Errorf("item %d: %v", i, err)
+				return
+			}
+			v, err := rec.Host()
+			if err != nil {
+				t.Errorf("item %d: %v", i, err)
+				return
+			}
+			b := v.Bytes()
+			for j, x := range in {
+				if got := binary.LittleEndian.Uint16(b[2*j:]); got != uint16(math.Float32bits(x)>>16) {
+					t.Errorf("item %d element %d: %#x", i, j, got)
+					return
+				}
+			}
+		}()
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if f, b := win.InFlight(); f != 0 || b != 0 {
+	wg.Wait()
+	if f, b := cl.win.InFlight(); f != 0 || b != 0 {
 		t.Fatalf("window holds %d frames, %d bytes after every answer", f, b)
 	}
-	for i, p := range sent {
-		<-p.rec.Ready()
-		if i == items {
-			var ee *features.EncodeError
-			if !errors.As(p.rec.Err(), &ee) || !errors.Is(p.rec.Err(), ErrRemote) {
-				t.Fatalf("unknown model: record error %v", p.rec.Err())
+}
+
+// TestClientFailures: a call whose context ends returns at once and its late answer is
+// skipped (the next call still works); a connection that breaks fails every pending call and
+// every later one.
+func TestClientFailures(t *testing.T) {
+	release := make(chan struct{})
+	srv := &Server{Handler: func(ctx context.Context, c *Conn, h *Header) error {
+		if h.Text == "slow" {
+			<-release
+		}
+		if h.Text == "hang up" {
+			return errors.New("hanging up")
+		}
+		return c.Send(ctx, Header{Kind: KindFeatures, RequestID: h.RequestID, Key: h.Key}, []byte(h.Text))
+	}}
+	cl := NewClient(serve(t, "tcp", srv), NewWindow(8, 1<<20))
+	defer cl.Close()
+	echo := func(want string) Recv {
+		return func(ctx context.Context, c *Conn, h *Header) error {
+			got := make([]byte, h.Len)
+			if err := c.ReadPayload(ctx, got); err != nil {
+				return err
 			}
-			continue
-		}
-		v, err := p.rec.Host()
-		if err != nil {
-			t.Fatalf("item %d: %v", i, err)
-		}
-		b := v.Bytes()
-		for j, x := range p.in {
-			if got := binary.LittleEndian.Uint16(b[2*j:]); got != uint16(math.Float32bits(x)>>16) {
-				t.Fatalf("item %d element %d: %#x", i, j, got)
+			if string(got) != want {
+				return fmt.Errorf("answer %q, want %q", got, want)
 			}
+			return nil
 		}
+	}
+	ctx := context.Background()
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if err := cl.Call(short, Header{Kind: KindEncode, Key: testKey, Text: "slow"}, []byte("x"), echo("slow")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("slow call: %v", err)
+	}
+	close(release)
+	if err := cl.Call(ctx, Header{Kind: KindEncode, Key: testKey, Text: "next"}, []byte("x"), echo("next")); err != nil {
+		t.Fatalf("call after an abandoned one: %v", err)
+	}
+	if err := cl.Call(ctx, Header{Kind: KindEncode, Key: testKey, Text: "hang up"}, []byte("x"), echo("")); err == nil {
+		t.Fatal("a call whose server hung up succeeded")
+	}
+	if err := cl.Call(ctx, Header{Kind: KindEncode, Key: testKey, Text: "after"}, []byte("x"), echo("after")); err == nil {
+		t.Fatal("a call on a dead connection succeeded")
 	}
 }
 
