@@ -228,3 +228,53 @@ func TestDisaggregatedTopology(t *testing.T) {
 	_, err = Run(context.Background(), recs, opts)
 	require.ErrorContains(t, err, "disaggregated policies run with none")
 }
+
+// Per-class results and the baseline without media: the classes present, counted; the ratio is
+// the text-only requests' p99 against the same requests in the baseline run; a synchronous
+// encoder makes them wait (ratio above 1), an asynchronous one does not wait for videos.
+func TestClassesAndBaseline(t *testing.T) {
+	k := synth.DefaultKnobs()
+	k.VideoShare, k.Seed = 0.3, 3
+	recs := synthesized(t, 200, k)
+	opts := DefaultOptions()
+	opts.Seed = 1
+	opts.Policies = []string{RoundRobin}
+	opts.Encodings = []string{EncodeSync, EncodeAsync}
+	opts.Baseline = true
+	res, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	require.Len(t, res, 3)
+	base, sync, async := res[0], res[1], res[2]
+	require.Equal(t, WithoutMedia, base.Encoding)
+	require.Zero(t, base.TextVsBaseline)
+	require.Equal(t, []string{synth.ClassText}, classesOf(base.ByClass))
+	require.Equal(t, []string{synth.ClassText, synth.ClassVideo}, classesOf(sync.ByClass))
+	require.Equal(t, len(recs), sync.ByClass[0].Requests+sync.ByClass[1].Requests)
+	var text, textBase []float64
+	for i := range recs {
+		if len(recs[i].Media) == 0 {
+			text, textBase = append(text, sync.PerRequestTTFT[i]), append(textBase, base.PerRequestTTFT[i])
+		}
+	}
+	require.Len(t, text, sync.ByClass[0].Requests)
+	require.InDelta(t, synth.Summarize(text).P99, sync.ByClass[0].TTFT.P99, 1e-9)
+	require.InDelta(t, synth.Summarize(text).P99/synth.Summarize(textBase).P99, sync.TextVsBaseline, 1e-9)
+	t.Logf("text-only p99 vs without media: sync %.3f, async %.3f", sync.TextVsBaseline, async.TextVsBaseline)
+	require.Greater(t, sync.TextVsBaseline, async.TextVsBaseline)
+}
+
+func classesOf(c []ClassTTFT) []string {
+	var out []string
+	for _, x := range c {
+		out = append(out, x.Class)
+	}
+	return out
+}
+
+// A video that says its frames costs frames × PerFrame; one that does not, its tokens.
+func TestSimEncoderFrames(t *testing.T) {
+	e := SimEncoder{PerToken: time.Microsecond, PerFrame: time.Millisecond, Workers: 1}
+	require.Equal(t, 30*time.Millisecond+576*time.Microsecond, e.Encode([]synth.Media{{Tokens: 3840, Frames: 30}, {Tokens: 576}}))
+	e.PerFrame = 0
+	require.Equal(t, 3840*time.Microsecond, e.Encode([]synth.Media{{Tokens: 3840, Frames: 30}}))
+}

@@ -196,6 +196,8 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&o.Seed, "seed", 0, "engines' and random policy's seed (0: random)")
 	encodeMS := fs.Float64("encode-ms-per-1k-tokens", float64(ab.DefaultSimEncoder().PerToken*1000)/1e6, "the simulated encoder's cost")
 	encodeSlots := fs.Int("encode-slots", ab.DefaultSimEncoder().Workers, "the simulated encoder's parallel slots (async)")
+	encodeFrameMS := fs.Float64("encode-ms-per-frame", float64(ab.DefaultSimEncoder().PerFrame)/1e6, "the simulated encoder's cost per video frame (videos that say their frames; 0: by tokens)")
+	fs.BoolVar(&o.Baseline, "without-media", false, "also run each policy on the trace with its media taken out, and report the text-only requests' TTFT p99 against it")
 	var topo abTopology
 	abTopologyFlags(fs, &o, &topo)
 	calibrate := fs.String("encoder-preset", "", "measure the encoder's cost on this machine instead: a sweep preset (vit-tiny, clip-b16, clip-l14-336, whisper-tiny, whisper-base) run at batch 1 on the CPU kernels")
@@ -212,7 +214,7 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stderr, "bench ab: %v\n", err)
 		return errUsage
 	}
-	o.Encoder = ab.SimEncoder{PerToken: time.Duration(*encodeMS * 1e6 / 1000), Workers: *encodeSlots}
+	o.Encoder = ab.SimEncoder{PerToken: time.Duration(*encodeMS * 1e6 / 1000), PerFrame: time.Duration(*encodeFrameMS * 1e6), Workers: *encodeSlots}
 	if *calibrate != "" {
 		h, err := sweep.NewPreset(*calibrate, 0)
 		if err != nil {
@@ -223,7 +225,8 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "encoder %s on this machine: %.3f ms per 1k media tokens, %d slots\n", *calibrate, float64(enc.PerToken*1000)/1e6, enc.Workers)
+		fmt.Fprintf(stdout, "encoder %s on this machine: %.3f ms per 1k media tokens, %.3f ms per frame, %d slots\n", *calibrate,
+			float64(enc.PerToken*1000)/1e6, float64(enc.PerFrame)/1e6, enc.Workers)
 		o.Encoder = enc
 	}
 	if o.Seed == 0 {
@@ -256,6 +259,9 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := printDisagg(stdout, res); err != nil {
 		return err
 	}
+	if err := printClasses(stdout, res); err != nil {
+		return err
+	}
 	if len(res) > 1 {
 		base := res[0]
 		for _, r := range res[1:] {
@@ -270,10 +276,14 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	err = writeFile(filepath.Join(*out, "ab.csv"), func(w io.Writer) error {
-		fmt.Fprintln(w, "policy,encoding,requests,rejected,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,cache_hit,output_tokens_per_s,preemptions")
+		// One row per run (class "all"), then one per class present with its TTFT only.
+		fmt.Fprintln(w, "policy,encoding,class,requests,rejected,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,cache_hit,output_tokens_per_s,preemptions,text_p99_vs_without_media")
 		for _, r := range res {
-			fmt.Fprintf(w, "%s,%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%.1f,%d\n", r.Policy, r.Encoding, r.Requests, r.Rejected,
-				r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.ITL.P50, r.ITL.P99, r.E2E.P50, r.E2E.P99, r.CacheHit, r.OutputTokensPerS, r.Preemptions)
+			fmt.Fprintf(w, "%s,%s,all,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%.1f,%d,%.4f\n", r.Policy, r.Encoding, r.Requests, r.Rejected,
+				r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.ITL.P50, r.ITL.P99, r.E2E.P50, r.E2E.P99, r.CacheHit, r.OutputTokensPerS, r.Preemptions, r.TextVsBaseline)
+			for _, c := range r.ByClass {
+				fmt.Fprintf(w, "%s,%s,%s,%d,,%.3f,%.3f,%.3f,,,,,,,,\n", r.Policy, r.Encoding, c.Class, c.Requests, c.TTFT.P50, c.TTFT.P90, c.TTFT.P99)
+			}
 		}
 		return nil
 	})
@@ -281,6 +291,24 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	return ab.Chart(res).SavePNG(filepath.Join(*out, "ab_ttft.png"))
+}
+
+// printClasses prints each run's TTFT per request class and, with --without-media, the
+// text-only requests' p99 against the same requests without the trace's media.
+func printClasses(stdout io.Writer, res []ab.Result) error {
+	fmt.Fprintln(stdout)
+	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tencoding\tclass\trequests\tTTFT p50\tTTFT p99\ttext p99 vs without media\t")
+	for _, r := range res {
+		for _, c := range r.ByClass {
+			vs := ""
+			if c.Class == synth.ClassText && r.TextVsBaseline > 0 {
+				vs = fmt.Sprintf("%.3fx", r.TextVsBaseline)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f ms\t%.0f ms\t%s\t\n", r.Policy, r.Encoding, c.Class, c.Requests, c.TTFT.P50, c.TTFT.P99, vs)
+		}
+	}
+	return tw.Flush()
 }
 
 func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
