@@ -108,7 +108,8 @@ type Options struct {
 	Vocab     int            // token ids in synthesized prompts; 32,000
 	Seed      uint64         // engines' and the random policy's; 0: random
 	// Baseline also runs each policy on the trace without its media (synth.WithoutMedia:
-	// Encoding WithoutMedia) and sets each media run's TextVsBaseline.
+	// Encoding WithoutMedia; its ByClass classes each request as the trace does, so a class
+	// compares the same requests) and sets each media run's TextVsBaseline.
 	Baseline bool
 	// The disaggregated policies' fleet (disagg.go): prefill and decode engines (Engines is
 	// unused), laid over Layout, the KV cache's move timed by Transfer; their router's mismatch
@@ -203,7 +204,11 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 	for _, pol := range opts.Policies {
 		var base *Result
 		if opts.Baseline && !isDisagg(pol) {
-			res, err := runOne(ctx, makePrompts(synth.WithoutMedia(recs, opts.Engine.BlockSize), opts), opts, pol, EncodeNone, seed)
+			plain := makePrompts(synth.WithoutMedia(recs, opts.Engine.BlockSize), opts)
+			for i := range plain { // classed as in the trace: the same requests compared class by class
+				plain[i].class = prompts[i].class
+			}
+			res, err := runOne(ctx, plain, opts, pol, EncodeNone, seed)
 			if err != nil {
 				return out, err
 			}

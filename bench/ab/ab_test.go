@@ -247,7 +247,7 @@ func TestClassesAndBaseline(t *testing.T) {
 	base, sync, async := res[0], res[1], res[2]
 	require.Equal(t, WithoutMedia, base.Encoding)
 	require.Zero(t, base.TextVsBaseline)
-	require.Equal(t, []string{synth.ClassText}, classesOf(base.ByClass))
+	require.Equal(t, []string{synth.ClassText, synth.ClassVideo}, classesOf(base.ByClass), "the baseline's requests classed as in the trace")
 	require.Equal(t, []string{synth.ClassText, synth.ClassVideo}, classesOf(sync.ByClass))
 	require.Equal(t, len(recs), sync.ByClass[0].Requests+sync.ByClass[1].Requests)
 	var text, textBase []float64
