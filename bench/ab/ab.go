@@ -111,6 +111,12 @@ type Options struct {
 	// Encoding WithoutMedia; its ByClass classes each request as the trace does, so a class
 	// compares the same requests) and sets each media run's TextVsBaseline.
 	Baseline bool
+	// Overlaps: run each (policy, encoding) once per value; true warms the chosen engine's
+	// prefix cache while a media request encodes (overlap.go; with kv-modality only, which
+	// picks the engine while encoding; the other policies run without). OverlapMinTokens: the least text before the first item worth a
+	// warm-up. nil: {false}; 1,024.
+	Overlaps         []bool
+	OverlapMinTokens int
 	// The disaggregated policies' fleet (disagg.go): prefill and decode engines (Engines is
 	// unused), laid over Layout, the KV cache's move timed by Transfer; their router's mismatch
 	// policy and transfer weight. 0, 0, no zones, instant, fail, 1.
@@ -129,7 +135,7 @@ func DefaultOptions() Options {
 	r.BlockSize = e.BlockSize
 	r.PrefillSecondsPerToken = 15.18e-6 // the mocker's linear prefill term (bench/mocker/perf.go)
 	return Options{Engines: 4, Engine: e, Policies: []string{RoundRobin, Random, KVAware}, Encodings: []string{EncodeNone},
-		Encoder: DefaultSimEncoder(), Router: r, Vocab: 32000, MismatchPolicy: topology.Fail, TransferWeight: 1,
+		Encoder: DefaultSimEncoder(), Router: r, Vocab: 32000, OverlapMinTokens: 1024, MismatchPolicy: topology.Fail, TransferWeight: 1,
 		Transfer: mocker.KVTransfer{BytesPerToken: r.Disagg.KVBytesPerToken}}
 }
 
@@ -139,6 +145,7 @@ type Latency struct{ P50, P90, P99, Mean float64 }
 // Result is one run.
 type Result struct {
 	Policy, Encoding  string
+	Overlap           bool // prefix warm-ups while media encode (Options.Overlaps)
 	Requests          int
 	Rejected          int     // requests an engine refused (queue full, too long for its cache)
 	TTFT, ITL, E2E    Latency // ms; TTFT and E2E from arrival, encode wait included
@@ -152,6 +159,11 @@ type Result struct {
 	// With Options.Baseline: the text-only requests' TTFT p99 here ÷ the same requests' TTFT
 	// p99 in the policy's WithoutMedia run (what the media cost them); 0 otherwise.
 	TextVsBaseline float64
+	// Media requests' TTFT by the length of the text before their first item (PrefixBuckets),
+	// and the warm-ups sent and skipped (prefix too short, already cached there) with Overlap.
+	ByPrefix                 []PrefixTTFT
+	Warmups, WarmupsShort    int
+	WarmupsCached            int
 	// Disaggregated policies: the KV cache's move from the prefill to the decode engine (ms),
 	// and the share of requests whose move crossed the QoS table's broadest level (zones).
 	KVMove  Latency
@@ -190,6 +202,15 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 			return nil, &ErrOptions{"Encodings", fmt.Sprintf("%v: the disaggregated policies run with %s only", opts.Encodings, EncodeNone)}
 		}
 	}
+	overlaps := opts.Overlaps
+	if len(overlaps) == 0 {
+		overlaps = []bool{false}
+	}
+	for _, o := range overlaps {
+		if o && !slices.Contains(opts.Policies, ModalityAware) {
+			return nil, &ErrOptions{"Overlaps", fmt.Sprintf("warm-ups need the engine picked while media encode: policy %s (got %v)", ModalityAware, opts.Policies)}
+		}
+	}
 	for _, e := range opts.Encodings {
 		if e != EncodeNone && e != EncodeSync && e != EncodeAsync {
 			return nil, &ErrOptions{"Encodings", fmt.Sprintf("%q (want %s, %s or %s)", e, EncodeNone, EncodeSync, EncodeAsync)}
@@ -208,7 +229,7 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 			for i := range plain { // classed as in the trace: the same requests compared class by class
 				plain[i].class = prompts[i].class
 			}
-			res, err := runOne(ctx, plain, opts, pol, EncodeNone, seed)
+			res, err := runOne(ctx, plain, opts, pol, EncodeNone, seed, false)
 			if err != nil {
 				return out, err
 			}
@@ -217,20 +238,25 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 			base = &out[len(out)-1]
 		}
 		for _, enc := range opts.Encodings {
-			run := runOne
-			if isDisagg(pol) {
-				run = func(ctx context.Context, prompts []prompt, opts Options, pol, _ string, seed uint64) (Result, error) {
-					return runDisagg(ctx, prompts, opts, pol, seed)
+			for _, ov := range overlaps {
+				if ov && pol != ModalityAware {
+					continue // the other policies pick engines once features are ready: nothing to warm meanwhile
 				}
+				var res Result
+				var err error
+				if isDisagg(pol) {
+					res, err = runDisagg(ctx, prompts, opts, pol, seed)
+				} else {
+					res, err = runOne(ctx, prompts, opts, pol, enc, seed, ov)
+				}
+				if err != nil {
+					return out, err
+				}
+				if base != nil {
+					res.TextVsBaseline = textVsBaseline(prompts, res.PerRequestTTFT, base.PerRequestTTFT)
+				}
+				out = append(out, res)
 			}
-			res, err := run(ctx, prompts, opts, pol, enc, seed)
-			if err != nil {
-				return out, err
-			}
-			if base != nil {
-				res.TextVsBaseline = textVsBaseline(prompts, res.PerRequestTTFT, base.PerRequestTTFT)
-			}
-			out = append(out, res)
 		}
 	}
 	return out, nil
@@ -290,7 +316,7 @@ type reqState struct {
 	done, rejected       bool
 }
 
-func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encoding string, seed uint64) (Result, error) {
+func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encoding string, seed uint64, overlap bool) (Result, error) {
 	rt, err := router.New(opts.Router)
 	if err != nil {
 		return Result{}, err
@@ -326,6 +352,7 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	rnd := rand.New(rand.NewPCG(seed, 0xab))
 	next := 0
 	var decision router.Decision
+	w := warmer{prompts: prompts, fleet: fleet, decision: &decision, minTokens: opts.OverlapMinTokens, blockSize: opts.Engine.BlockSize}
 	epoch := time.Unix(0, 0)
 	// pick chooses request i's engine at the loop's time now; wait is how long until its
 	// features are ready (modality-aware only). -1: rejected.
@@ -402,6 +429,9 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 		if policy == ModalityAware && ready > at {
 			loop.At(at, func(now time.Duration) {
 				if eng := pick(i, now, ready-now); eng >= 0 {
+					if overlap {
+						w.maybe(i, eng, fleet.Engine(eng).Name(), now)
+					}
 					loop.At(ready, func(now time.Duration) { submit(i, eng, now) })
 				}
 			})
@@ -416,6 +446,7 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 		return Result{}, err
 	}
 	res := summarizeRun(prompts, states, policy, encoding)
+	res.Overlap, res.Warmups, res.WarmupsShort, res.WarmupsCached = overlap, w.sent, w.short, w.cached
 	for i := range fleet.Len() {
 		res.Preemptions += fleet.Engine(i).Stats().Preemptions
 	}
@@ -447,6 +478,7 @@ func summarizeRun(prompts []prompt, states []reqState, policy, encoding string) 
 	}
 	res.TTFT, res.ITL, res.E2E = summarize(ttft), summarize(itl), summarize(e2e)
 	res.ByClass = byClass(prompts, res.PerRequestTTFT)
+	res.ByPrefix = byPrefix(prompts, res.PerRequestTTFT)
 	if total > 0 {
 		res.CacheHit = float64(cached) / float64(total)
 	}
@@ -490,7 +522,11 @@ func summarize(v []float64) Latency {
 func Chart(res []Result) plot.Chart {
 	var series []plot.Series
 	for _, r := range res {
-		series = append(series, plot.CDF(r.Policy+"/"+r.Encoding, r.PerRequestTTFT))
+		name := r.Policy + "/" + r.Encoding
+		if r.Overlap {
+			name += "+overlap"
+		}
+		series = append(series, plot.CDF(name, r.PerRequestTTFT))
 	}
 	return plot.Chart{Title: "time to first token by routing policy", XLabel: "TTFT ms (log scale)", YLabel: "fraction of requests",
 		XScale: plot.Log10, Series: series}

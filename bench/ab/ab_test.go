@@ -13,6 +13,7 @@ import (
 
 	"dataplane/bench/plot"
 	"dataplane/bench/synth"
+	"dataplane/dataplane/sequence"
 	"dataplane/router/topology"
 )
 
@@ -277,4 +278,49 @@ func TestSimEncoderFrames(t *testing.T) {
 	require.Equal(t, 30*time.Millisecond+576*time.Microsecond, e.Encode([]synth.Media{{Tokens: 3840, Frames: 30}, {Tokens: 576}}))
 	e.PerFrame = 0
 	require.Equal(t, 3840*time.Microsecond, e.Encode([]synth.Media{{Tokens: 3840, Frames: 30}}))
+}
+
+// Encode/prefill overlap on an idle engine: a video request whose 4,096-token text prefix is
+// not cached gets a warm-up while its 30 frames encode, and its first token comes a prefix's
+// prefill sooner; a prefix already cached (an earlier request's) or too short gets none.
+func TestOverlapWarmsPrefix(t *testing.T) {
+	ids := func(from int64, n int) []int64 {
+		var out []int64
+		for i := range n {
+			out = append(out, from+int64(i))
+		}
+		return out
+	}
+	video := func(id string, at int) []synth.Media {
+		return []synth.Media{{Modality: sequence.Video, ID: id, Offset: at, Tokens: 600, Frames: 30, FPS: 2}}
+	}
+	recs := []synth.Record{
+		{Timestamp: 0, InputLength: 4096, OutputLength: 2, HashIDs: ids(1, 8)},
+		{Timestamp: 10_000, InputLength: 5120, OutputLength: 2, HashIDs: append(ids(1, 8), 100, 101), Media: video("a", 4096)}, // prefix cached
+		{Timestamp: 20_000, InputLength: 5120, OutputLength: 2, HashIDs: append(ids(11, 8), 102, 103), Media: video("b", 4096)},
+		{Timestamp: 30_000, InputLength: 1024, OutputLength: 2, HashIDs: []int64{200, 201}, Media: video("c", 100)}, // prefix too short
+	}
+	opts := DefaultOptions()
+	opts.Engines, opts.Seed = 1, 1
+	opts.Policies, opts.Encodings, opts.Overlaps = []string{ModalityAware}, []string{EncodeAsync}, []bool{false, true}
+	opts.Encoder = SimEncoder{PerToken: time.Microsecond, PerFrame: 20 * time.Millisecond, Workers: 1}
+	res, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	off, on := res[0], res[1]
+	require.False(t, off.Overlap)
+	require.True(t, on.Overlap)
+	require.Equal(t, [3]int{0, 0, 0}, [3]int{off.Warmups, off.WarmupsShort, off.WarmupsCached})
+	require.Equal(t, [3]int{1, 1, 1}, [3]int{on.Warmups, on.WarmupsShort, on.WarmupsCached})
+	t.Logf("TTFT of the uncached-prefix video request: %.1f ms without, %.1f ms with the warm-up", off.PerRequestTTFT[2], on.PerRequestTTFT[2])
+	require.Greater(t, off.PerRequestTTFT[2], 600.0, "its 30 frames encode in 600 ms")
+	require.Less(t, on.PerRequestTTFT[2], off.PerRequestTTFT[2]-50, "4,096 tokens prefilled while it encoded")
+	for _, i := range []int{0, 1, 3} {
+		require.InDelta(t, off.PerRequestTTFT[i], on.PerRequestTTFT[i], 1e-9, "request %d: no warm-up, no change", i)
+	}
+	require.Equal(t, []PrefixTTFT{{Min: 0, Max: 1024, Requests: 1, TTFT: on.ByPrefix[0].TTFT}, {Min: 4096, Max: 16384, Requests: 2, TTFT: on.ByPrefix[1].TTFT}}, on.ByPrefix)
+	opts.Policies = []string{KVAware}
+	_, err = Run(context.Background(), recs, opts)
+	var oe *ErrOptions
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "Overlaps", oe.Field)
 }

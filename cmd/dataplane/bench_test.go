@@ -51,6 +51,9 @@ func TestBenchAB(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(csv), "\nkv,async,video,")
 	require.Contains(t, string(csv), "\nkv,async,all,150,")
+	out = runBench(t, "ab", "--trace", trace, "--seed", "9", "--policies", "kv-modality", "--encodings", "async", "--overlap", "both", "--overlap-min-tokens", "512")
+	require.Regexp(t, `(?m)^\s+kv-modality\s+async\+overlap\s+\d+-\d+ tokens\s+\d+\s+\d+ ms\s+\d+ ms\s+\d+ / \d+ / \d+$`, out)
+	require.Contains(t, runBenchErr(t, "ab", "--trace", trace, "--overlap", "maybe"), `--overlap "maybe"`)
 }
 
 // `bench load` against a mock fleet over HTTP, and `bench fleet` in-process: every request
