@@ -161,9 +161,9 @@ type Result struct {
 	TextVsBaseline float64
 	// Media requests' TTFT by the length of the text before their first item (PrefixBuckets),
 	// and the warm-ups sent and skipped (prefix too short, already cached there) with Overlap.
-	ByPrefix                 []PrefixTTFT
-	Warmups, WarmupsShort    int
-	WarmupsCached            int
+	ByPrefix              []PrefixTTFT
+	Warmups, WarmupsShort int
+	WarmupsCached         int
 	// Disaggregated policies: the KV cache's move from the prefill to the decode engine (ms),
 	// and the share of requests whose move crossed the QoS table's broadest level (zones).
 	KVMove  Latency
