@@ -142,6 +142,7 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.warmUp(decision) // the text before the media prefills while they encode (warmup.go)
 	var embeds native.Matrix
 	if len(r.items) > 0 && r.encodes() {
 		if err := r.await(ictx); err != nil {
