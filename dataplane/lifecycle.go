@@ -149,6 +149,7 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	if err := r.dispatch(ictx, &decision, r.priority()); err != nil {
 		return nil, err
 	}
+	r.warmUp(decision) // the text before the media prefills while they encode (warmup.go)
 	var embeds native.Matrix
 	if len(r.items) > 0 && r.encodes() {
 		if err := r.await(ictx); err != nil {

@@ -79,6 +79,8 @@ type ServiceOptions struct {
 	Handoff string
 	ECDir   string
 	ECBytes int64
+	// Warmup: prefix warm-ups while media encode (warmup.go); MinTokens 0 sends none.
+	Warmup WarmupOptions
 	// WrapEncoder, if set, wraps the encoder every job runs on (instrumentation; tests inject
 	// faults with it).
 	WrapEncoder func(encoderpool.Model) encoderpool.Model
@@ -106,6 +108,7 @@ func DefaultServiceOptions() ServiceOptions {
 		HealthInterval:         time.Second,
 		HealthTimeout:          time.Second,
 		HealthFailures:         2,
+		Warmup:                 DefaultWarmupOptions(),
 	}
 }
 
@@ -128,6 +131,7 @@ type Service struct {
 	memory  *memory.Budget // nil: no accounting
 	handoff handoff
 	remote  *remoteState // nil: items are encoded here only (SetRemote)
+	warm    *warmups
 
 	mu      sync.Mutex
 	workers map[string]*workerEntry
@@ -220,6 +224,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		s.memory, _ = memory.New(memory.Options{Capacity: s.memPlan.Requests, MaxWait: opts.MemoryWait}) // Requests > 0: no error
 	}
 	s.metrics = newServiceMetrics()
+	s.warm = newWarmups(opts.Warmup)
 	po := opts.Pool
 	po.Observe = s.metrics.observeBatch
 	s.pool = encoderpool.New(po)
@@ -326,7 +331,7 @@ func (s *Service) Collectors() []prometheus.Collector {
 	if s.handoff.ec != nil {
 		cs = append(cs, newECCollector(s.handoff.ec))
 	}
-	return cs
+	return append(cs, s.warm.collectors()...)
 }
 
 // Why Ready refuses (allocated once: a probe allocates nothing).
@@ -366,6 +371,7 @@ func (s *Service) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		err = fmt.Errorf("requests still in flight: %w", ctx.Err())
 	}
+	s.warm.close()
 	s.stopProber()
 	s.prober.Wait()
 	s.pool.Close()

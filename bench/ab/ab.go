@@ -38,6 +38,8 @@ const (
 	EncodeNone  = "none"  // media cost nothing (the text-only baseline)
 	EncodeSync  = "sync"  // one front-end queue encodes every request's media in arrival order: text waits behind media
 	EncodeAsync = "async" // media go to an encoder pool; text-only requests are routed at once
+	// WithoutMedia labels Options.Baseline's runs: the trace with its media taken out.
+	WithoutMedia = "without-media"
 )
 
 // Encoder is the encode backend the encoding modes run against: how long items take to encode
@@ -49,29 +51,36 @@ type Encoder interface {
 }
 
 // SimEncoder costs PerToken for every media token (default: CLIP ViT-L/14 @336 at batch 1 on
-// an A100, 5.36 ms per 577 tokens, from FasterTransformer) with Workers slots.
+// an A100, 5.36 ms per 577 tokens, from FasterTransformer) and PerFrame for every frame of a
+// video that says its frames (default: one such image a frame: the vision tower sees every
+// sampled frame before any temporal merge shrinks its tokens), with Workers slots.
 type SimEncoder struct {
-	PerToken time.Duration
-	Workers  int
+	PerToken, PerFrame time.Duration
+	Workers            int
 }
 
 // DefaultSimEncoder is about one A100's ViT-L at batch 1, two encodes at once.
 func DefaultSimEncoder() SimEncoder {
-	return SimEncoder{PerToken: 5360 * time.Microsecond / 577, Workers: 2}
+	return SimEncoder{PerToken: 5360 * time.Microsecond / 577, PerFrame: 5360 * time.Microsecond, Workers: 2}
 }
 
 func (s SimEncoder) Encode(items []synth.Media) time.Duration {
-	n := 0
+	var d time.Duration
 	for _, m := range items {
-		n += m.Tokens
+		if m.Frames > 0 && s.PerFrame > 0 {
+			d += time.Duration(m.Frames) * s.PerFrame
+		} else {
+			d += time.Duration(m.Tokens) * s.PerToken
+		}
 	}
-	return time.Duration(n) * s.PerToken
+	return d
 }
 
 func (s SimEncoder) Slots() int { return max(s.Workers, 1) }
 
-// Calibrate measures a real encoder: run encodes one batch of tokens media tokens; the median
-// of runs timed calls, per token, becomes PerToken, with slots encodes at once.
+// Calibrate measures a real encoder: run encodes one batch of tokens media tokens (one picture);
+// the median of runs timed calls becomes PerFrame (a video frame is one such picture) and, per
+// token, PerToken, with slots encodes at once.
 func Calibrate(run func() error, tokens, runs, slots int) (SimEncoder, error) {
 	if tokens <= 0 || runs <= 0 || slots <= 0 {
 		return SimEncoder{}, &ErrOptions{"Encoder", fmt.Sprintf("calibration with %d tokens, %d runs, %d slots", tokens, runs, slots)}
@@ -85,7 +94,7 @@ func Calibrate(run func() error, tokens, runs, slots int) (SimEncoder, error) {
 		times[i] = time.Since(t0)
 	}
 	slices.Sort(times)
-	return SimEncoder{PerToken: times[runs/2] / time.Duration(tokens), Workers: slots}, nil
+	return SimEncoder{PerToken: times[runs/2] / time.Duration(tokens), PerFrame: times[runs/2], Workers: slots}, nil
 }
 
 // Options configure a comparison. DefaultOptions has the defaults.
@@ -98,6 +107,16 @@ type Options struct {
 	Router    router.Options // for kv; DefaultOptions with the engines' block size and prefill speed
 	Vocab     int            // token ids in synthesized prompts; 32,000
 	Seed      uint64         // engines' and the random policy's; 0: random
+	// Baseline also runs each policy on the trace without its media (synth.WithoutMedia:
+	// Encoding WithoutMedia; its ByClass classes each request as the trace does, so a class
+	// compares the same requests) and sets each media run's TextVsBaseline.
+	Baseline bool
+	// Overlaps: run each (policy, encoding) once per value; true warms the chosen engine's
+	// prefix cache while a media request encodes (overlap.go; with kv-modality only, which
+	// picks the engine while encoding; the other policies run without). OverlapMinTokens: the least text before the first item worth a
+	// warm-up. nil: {false}; 1,024.
+	Overlaps         []bool
+	OverlapMinTokens int
 	// The disaggregated policies' fleet (disagg.go): prefill and decode engines (Engines is
 	// unused), laid over Layout, the KV cache's move timed by Transfer; their router's mismatch
 	// policy and transfer weight. 0, 0, no zones, instant, fail, 1.
@@ -116,7 +135,7 @@ func DefaultOptions() Options {
 	r.BlockSize = e.BlockSize
 	r.PrefillSecondsPerToken = 15.18e-6 // the mocker's linear prefill term (bench/mocker/perf.go)
 	return Options{Engines: 4, Engine: e, Policies: []string{RoundRobin, Random, KVAware}, Encodings: []string{EncodeNone},
-		Encoder: DefaultSimEncoder(), Router: r, Vocab: 32000, MismatchPolicy: topology.Fail, TransferWeight: 1,
+		Encoder: DefaultSimEncoder(), Router: r, Vocab: 32000, OverlapMinTokens: 1024, MismatchPolicy: topology.Fail, TransferWeight: 1,
 		Transfer: mocker.KVTransfer{BytesPerToken: r.Disagg.KVBytesPerToken}}
 }
 
@@ -126,6 +145,7 @@ type Latency struct{ P50, P90, P99, Mean float64 }
 // Result is one run.
 type Result struct {
 	Policy, Encoding  string
+	Overlap           bool // prefix warm-ups while media encode (Options.Overlaps)
 	Requests          int
 	Rejected          int     // requests an engine refused (queue full, too long for its cache)
 	TTFT, ITL, E2E    Latency // ms; TTFT and E2E from arrival, encode wait included
@@ -135,10 +155,26 @@ type Result struct {
 	Makespan          time.Duration // first arrival to last token
 	PerRequestTTFT    []float64     // ms, in trace order (NaN for rejected)
 	SimulatedDuration time.Duration
+	ByClass           []ClassTTFT // TTFT per request class (synth.Class), the classes present, in synth.Classes order
+	// With Options.Baseline: the text-only requests' TTFT p99 here ÷ the same requests' TTFT
+	// p99 in the policy's WithoutMedia run (what the media cost them); 0 otherwise.
+	TextVsBaseline float64
+	// Media requests' TTFT by the length of the text before their first item (PrefixBuckets),
+	// and the warm-ups sent and skipped (prefix too short, already cached there) with Overlap.
+	ByPrefix              []PrefixTTFT
+	Warmups, WarmupsShort int
+	WarmupsCached         int
 	// Disaggregated policies: the KV cache's move from the prefill to the decode engine (ms),
 	// and the share of requests whose move crossed the QoS table's broadest level (zones).
 	KVMove  Latency
 	Crossed float64
+}
+
+// ClassTTFT is one request class's TTFT (ms; rejected requests left out).
+type ClassTTFT struct {
+	Class    string
+	Requests int
+	TTFT     Latency
 }
 
 // ErrOptions names an unusable option.
@@ -166,6 +202,15 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 			return nil, &ErrOptions{"Encodings", fmt.Sprintf("%v: the disaggregated policies run with %s only", opts.Encodings, EncodeNone)}
 		}
 	}
+	overlaps := opts.Overlaps
+	if len(overlaps) == 0 {
+		overlaps = []bool{false}
+	}
+	for _, o := range overlaps {
+		if o && !slices.Contains(opts.Policies, ModalityAware) {
+			return nil, &ErrOptions{"Overlaps", fmt.Sprintf("warm-ups need the engine picked while media encode: policy %s (got %v)", ModalityAware, opts.Policies)}
+		}
+	}
 	for _, e := range opts.Encodings {
 		if e != EncodeNone && e != EncodeSync && e != EncodeAsync {
 			return nil, &ErrOptions{"Encodings", fmt.Sprintf("%q (want %s, %s or %s)", e, EncodeNone, EncodeSync, EncodeAsync)}
@@ -175,10 +220,53 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
+	prompts := makePrompts(recs, opts)
+	var out []Result
+	for _, pol := range opts.Policies {
+		var base *Result
+		if opts.Baseline && !isDisagg(pol) {
+			plain := makePrompts(synth.WithoutMedia(recs, opts.Engine.BlockSize), opts)
+			for i := range plain { // classed as in the trace: the same requests compared class by class
+				plain[i].class = prompts[i].class
+			}
+			res, err := runOne(ctx, plain, opts, pol, EncodeNone, seed, false)
+			if err != nil {
+				return out, err
+			}
+			res.Encoding = WithoutMedia
+			out = append(out, res)
+			base = &out[len(out)-1]
+		}
+		for _, enc := range opts.Encodings {
+			for _, ov := range overlaps {
+				if ov && pol != ModalityAware {
+					continue // the other policies pick engines once features are ready: nothing to warm meanwhile
+				}
+				var res Result
+				var err error
+				if isDisagg(pol) {
+					res, err = runDisagg(ctx, prompts, opts, pol, seed)
+				} else {
+					res, err = runOne(ctx, prompts, opts, pol, enc, seed, ov)
+				}
+				if err != nil {
+					return out, err
+				}
+				if base != nil {
+					res.TextVsBaseline = textVsBaseline(prompts, res.PerRequestTTFT, base.PerRequestTTFT)
+				}
+				out = append(out, res)
+			}
+		}
+	}
+	return out, nil
+}
+
+func makePrompts(recs []synth.Record, opts Options) []prompt {
 	prompts := make([]prompt, len(recs))
 	for i := range recs {
 		toks, spans := synth.PromptTokens(&recs[i], opts.Engine.BlockSize, opts.Vocab)
-		p := prompt{rec: &recs[i], tokens: make([]uint32, len(toks))}
+		p := prompt{rec: &recs[i], tokens: make([]uint32, len(toks)), class: synth.Class(&recs[i])}
 		for j, t := range toks {
 			p.tokens[j] = uint32(t)
 		}
@@ -188,26 +276,32 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) ([]Result, erro
 		}
 		prompts[i] = p
 	}
-	var out []Result
-	for _, pol := range opts.Policies {
-		for _, enc := range opts.Encodings {
-			run := runOne
-			if isDisagg(pol) {
-				run = func(ctx context.Context, prompts []prompt, opts Options, pol, _ string, seed uint64) (Result, error) {
-					return runDisagg(ctx, prompts, opts, pol, seed)
-				}
-			}
-			res, err := run(ctx, prompts, opts, pol, enc, seed)
-			if err != nil {
-				return out, err
-			}
-			out = append(out, res)
+	return prompts
+}
+
+// textVsBaseline is the TTFT p99 of the requests that are text-only in prompts, in ttft ÷ in
+// base (both per request, in trace order; rejected requests, NaN, left out).
+func textVsBaseline(prompts []prompt, ttft, base []float64) float64 {
+	var a, b []float64
+	for i := range prompts {
+		if prompts[i].class != synth.ClassText {
+			continue
+		}
+		if !math.IsNaN(ttft[i]) {
+			a = append(a, ttft[i])
+		}
+		if !math.IsNaN(base[i]) {
+			b = append(b, base[i])
 		}
 	}
-	return out, nil
+	if len(a) == 0 || len(b) == 0 {
+		return 0
+	}
+	return synth.Summarize(a).P99 / synth.Summarize(b).P99
 }
 
 type prompt struct {
+	class    string
 	rec      *synth.Record
 	tokens   []uint32
 	media    []router.Media
@@ -222,7 +316,7 @@ type reqState struct {
 	done, rejected       bool
 }
 
-func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encoding string, seed uint64) (Result, error) {
+func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encoding string, seed uint64, overlap bool) (Result, error) {
 	rt, err := router.New(opts.Router)
 	if err != nil {
 		return Result{}, err
@@ -258,6 +352,7 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 	rnd := rand.New(rand.NewPCG(seed, 0xab))
 	next := 0
 	var decision router.Decision
+	w := warmer{prompts: prompts, fleet: fleet, decision: &decision, minTokens: opts.OverlapMinTokens, blockSize: opts.Engine.BlockSize}
 	epoch := time.Unix(0, 0)
 	// pick chooses request i's engine at the loop's time now; wait is how long until its
 	// features are ready (modality-aware only). -1: rejected.
@@ -334,6 +429,9 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 		if policy == ModalityAware && ready > at {
 			loop.At(at, func(now time.Duration) {
 				if eng := pick(i, now, ready-now); eng >= 0 {
+					if overlap {
+						w.maybe(i, eng, fleet.Engine(eng).Name(), now)
+					}
 					loop.At(ready, func(now time.Duration) { submit(i, eng, now) })
 				}
 			})
@@ -348,6 +446,7 @@ func runOne(ctx context.Context, prompts []prompt, opts Options, policy, encodin
 		return Result{}, err
 	}
 	res := summarizeRun(prompts, states, policy, encoding)
+	res.Overlap, res.Warmups, res.WarmupsShort, res.WarmupsCached = overlap, w.sent, w.short, w.cached
 	for i := range fleet.Len() {
 		res.Preemptions += fleet.Engine(i).Stats().Preemptions
 	}
@@ -378,6 +477,8 @@ func summarizeRun(prompts []prompt, states []reqState, policy, encoding string) 
 		last = max(last, st.last)
 	}
 	res.TTFT, res.ITL, res.E2E = summarize(ttft), summarize(itl), summarize(e2e)
+	res.ByClass = byClass(prompts, res.PerRequestTTFT)
+	res.ByPrefix = byPrefix(prompts, res.PerRequestTTFT)
 	if total > 0 {
 		res.CacheHit = float64(cached) / float64(total)
 	}
@@ -387,6 +488,26 @@ func summarizeRun(prompts []prompt, states []reqState, policy, encoding string) 
 	}
 	res.SimulatedDuration = last
 	return res
+}
+
+// byClass summarises per-request TTFTs (NaN: rejected) by the requests' classes.
+func byClass(prompts []prompt, ttft []float64) []ClassTTFT {
+	per := map[string][]float64{}
+	count := map[string]int{}
+	for i := range prompts {
+		c := prompts[i].class
+		count[c]++
+		if !math.IsNaN(ttft[i]) {
+			per[c] = append(per[c], ttft[i])
+		}
+	}
+	var out []ClassTTFT
+	for _, c := range synth.Classes {
+		if count[c] > 0 {
+			out = append(out, ClassTTFT{Class: c, Requests: count[c], TTFT: summarize(per[c])})
+		}
+	}
+	return out
 }
 
 func nanF() float64 { return math.NaN() }
@@ -401,7 +522,11 @@ func summarize(v []float64) Latency {
 func Chart(res []Result) plot.Chart {
 	var series []plot.Series
 	for _, r := range res {
-		series = append(series, plot.CDF(r.Policy+"/"+r.Encoding, r.PerRequestTTFT))
+		name := r.Policy + "/" + r.Encoding
+		if r.Overlap {
+			name += "+overlap"
+		}
+		series = append(series, plot.CDF(name, r.PerRequestTTFT))
 	}
 	return plot.Chart{Title: "time to first token by routing policy", XLabel: "TTFT ms (log scale)", YLabel: "fraction of requests",
 		XScale: plot.Log10, Series: series}

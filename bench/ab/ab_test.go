@@ -13,6 +13,7 @@ import (
 
 	"dataplane/bench/plot"
 	"dataplane/bench/synth"
+	"dataplane/dataplane/sequence"
 	"dataplane/router/topology"
 )
 
@@ -227,4 +228,99 @@ func TestDisaggregatedTopology(t *testing.T) {
 	opts.Prefill, opts.Encodings = 4, []string{EncodeAsync}
 	_, err = Run(context.Background(), recs, opts)
 	require.ErrorContains(t, err, "disaggregated policies run with none")
+}
+
+// Per-class results and the baseline without media: the classes present, counted; the ratio is
+// the text-only requests' p99 against the same requests in the baseline run; a synchronous
+// encoder makes them wait (ratio above 1), an asynchronous one does not wait for videos.
+func TestClassesAndBaseline(t *testing.T) {
+	k := synth.DefaultKnobs()
+	k.VideoShare, k.Seed = 0.3, 3
+	recs := synthesized(t, 200, k)
+	opts := DefaultOptions()
+	opts.Seed = 1
+	opts.Policies = []string{RoundRobin}
+	opts.Encodings = []string{EncodeSync, EncodeAsync}
+	opts.Baseline = true
+	res, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	require.Len(t, res, 3)
+	base, sync, async := res[0], res[1], res[2]
+	require.Equal(t, WithoutMedia, base.Encoding)
+	require.Zero(t, base.TextVsBaseline)
+	require.Equal(t, []string{synth.ClassText, synth.ClassVideo}, classesOf(base.ByClass), "the baseline's requests classed as in the trace")
+	require.Equal(t, []string{synth.ClassText, synth.ClassVideo}, classesOf(sync.ByClass))
+	require.Equal(t, len(recs), sync.ByClass[0].Requests+sync.ByClass[1].Requests)
+	var text, textBase []float64
+	for i := range recs {
+		if len(recs[i].Media) == 0 {
+			text, textBase = append(text, sync.PerRequestTTFT[i]), append(textBase, base.PerRequestTTFT[i])
+		}
+	}
+	require.Len(t, text, sync.ByClass[0].Requests)
+	require.InDelta(t, synth.Summarize(text).P99, sync.ByClass[0].TTFT.P99, 1e-9)
+	require.InDelta(t, synth.Summarize(text).P99/synth.Summarize(textBase).P99, sync.TextVsBaseline, 1e-9)
+	t.Logf("text-only p99 vs without media: sync %.3f, async %.3f", sync.TextVsBaseline, async.TextVsBaseline)
+	require.Greater(t, sync.TextVsBaseline, async.TextVsBaseline)
+}
+
+func classesOf(c []ClassTTFT) []string {
+	var out []string
+	for _, x := range c {
+		out = append(out, x.Class)
+	}
+	return out
+}
+
+// A video that says its frames costs frames × PerFrame; one that does not, its tokens.
+func TestSimEncoderFrames(t *testing.T) {
+	e := SimEncoder{PerToken: time.Microsecond, PerFrame: time.Millisecond, Workers: 1}
+	require.Equal(t, 30*time.Millisecond+576*time.Microsecond, e.Encode([]synth.Media{{Tokens: 3840, Frames: 30}, {Tokens: 576}}))
+	e.PerFrame = 0
+	require.Equal(t, 3840*time.Microsecond, e.Encode([]synth.Media{{Tokens: 3840, Frames: 30}}))
+}
+
+// Encode/prefill overlap on an idle engine: a video request whose 4,096-token text prefix is
+// not cached gets a warm-up while its 30 frames encode, and its first token comes a prefix's
+// prefill sooner; a prefix already cached (an earlier request's) or too short gets none.
+func TestOverlapWarmsPrefix(t *testing.T) {
+	ids := func(from int64, n int) []int64 {
+		var out []int64
+		for i := range n {
+			out = append(out, from+int64(i))
+		}
+		return out
+	}
+	video := func(id string, at int) []synth.Media {
+		return []synth.Media{{Modality: sequence.Video, ID: id, Offset: at, Tokens: 600, Frames: 30, FPS: 2}}
+	}
+	recs := []synth.Record{
+		{Timestamp: 0, InputLength: 4096, OutputLength: 2, HashIDs: ids(1, 8)},
+		{Timestamp: 10_000, InputLength: 5120, OutputLength: 2, HashIDs: append(ids(1, 8), 100, 101), Media: video("a", 4096)}, // prefix cached
+		{Timestamp: 20_000, InputLength: 5120, OutputLength: 2, HashIDs: append(ids(11, 8), 102, 103), Media: video("b", 4096)},
+		{Timestamp: 30_000, InputLength: 1024, OutputLength: 2, HashIDs: []int64{200, 201}, Media: video("c", 100)}, // prefix too short
+	}
+	opts := DefaultOptions()
+	opts.Engines, opts.Seed = 1, 1
+	opts.Policies, opts.Encodings, opts.Overlaps = []string{ModalityAware}, []string{EncodeAsync}, []bool{false, true}
+	opts.Encoder = SimEncoder{PerToken: time.Microsecond, PerFrame: 20 * time.Millisecond, Workers: 1}
+	res, err := Run(context.Background(), recs, opts)
+	require.NoError(t, err)
+	off, on := res[0], res[1]
+	require.False(t, off.Overlap)
+	require.True(t, on.Overlap)
+	require.Equal(t, [3]int{0, 0, 0}, [3]int{off.Warmups, off.WarmupsShort, off.WarmupsCached})
+	require.Equal(t, [3]int{1, 1, 1}, [3]int{on.Warmups, on.WarmupsShort, on.WarmupsCached})
+	t.Logf("TTFT of the uncached-prefix video request: %.1f ms without, %.1f ms with the warm-up", off.PerRequestTTFT[2], on.PerRequestTTFT[2])
+	require.Greater(t, off.PerRequestTTFT[2], 600.0, "its 30 frames encode in 600 ms")
+	require.Less(t, on.PerRequestTTFT[2], off.PerRequestTTFT[2]-50, "4,096 tokens prefilled while it encoded")
+	for _, i := range []int{0, 1, 3} {
+		require.InDelta(t, off.PerRequestTTFT[i], on.PerRequestTTFT[i], 1e-9, "request %d: no warm-up, no change", i)
+	}
+	require.Equal(t, []PrefixTTFT{{Min: 0, Max: 1024, Requests: 1, TTFT: on.ByPrefix[0].TTFT}, {Min: 4096, Max: 16384, Requests: 2, TTFT: on.ByPrefix[1].TTFT}}, on.ByPrefix)
+	opts.Policies = []string{KVAware}
+	_, err = Run(context.Background(), recs, opts)
+	var oe *ErrOptions
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "Overlaps", oe.Field)
 }

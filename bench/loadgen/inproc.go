@@ -39,7 +39,7 @@ func RunInProcess(ctx context.Context, f *mocker.Fleet, recs []synth.Record, opt
 	for i := range recs {
 		s := &rep.Samples[i]
 		eng := i % f.Len()
-		s.Index, s.PromptTokens = i, recs[i].InputLength
+		s.Index, s.PromptTokens, s.Class = i, recs[i].InputLength, synth.Class(&recs[i])
 		if !s.waitTurn(ctx, start, recs[i].Timestamp-t0, opts.Speedup) {
 			continue
 		}

@@ -50,6 +50,7 @@ func DefaultOptions() Options {
 // Sample is one request's measurements (times from the start of the run).
 type Sample struct {
 	Index        int
+	Class        string // synth.Class of its record
 	Endpoint     string
 	Scheduled    time.Duration // its trace time, scaled
 	Sent         time.Duration
@@ -123,7 +124,7 @@ func Run(ctx context.Context, recs []synth.Record, opts Options) (*Report, error
 		if rt == nil {
 			s.Endpoint = opts.Endpoints[i%len(opts.Endpoints)]
 		}
-		s.PromptTokens = recs[i].InputLength
+		s.PromptTokens, s.Class = recs[i].InputLength, synth.Class(&recs[i])
 		if !s.waitTurn(ctx, start, recs[i].Timestamp-t0, opts.Speedup) {
 			continue
 		}

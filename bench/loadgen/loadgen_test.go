@@ -80,7 +80,11 @@ func TestLoadgenAgainstMockFleet(t *testing.T) {
 	rows, err := csv.NewReader(&buf).ReadAll()
 	require.NoError(t, err)
 	require.Len(t, rows, 25)
-	require.Equal(t, "ttft_ms", rows[0][4])
+	require.Equal(t, []string{"class", "ttft_ms"}, []string{rows[0][1], rows[0][5]})
+	require.Equal(t, []string{synth.ClassText, synth.ClassImage}, []string{rows[1][1], rows[4][1]}, "request 3 has an image")
+	require.Len(t, sum.ByClass, 2)
+	require.Equal(t, ClassSummary{Class: synth.ClassImage, Completed: 1, TTFT: synth.Summarize([]float64{ms(rep.Samples[3].TTFT)})}, sum.ByClass[1])
+	require.Equal(t, 23, sum.ByClass[0].Completed)
 	dir := t.TempDir()
 	require.NoError(t, rep.WriteCharts(dir, "test"))
 	for _, name := range []string{"ttft_cdf.png", "latency_over_time.png"} {

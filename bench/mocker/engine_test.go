@@ -374,3 +374,30 @@ func TestEngineAbort(t *testing.T) {
 	require.Error(t, last.Err)
 	require.Zero(t, e.KV().Active())
 }
+
+// A 1-token warm-up with the text before a media item fills the prefix cache: the media
+// request after it finds that text's full blocks cached and prefills only the rest (the
+// encode/prefill overlap's premise).
+func TestEngineWarmUpPrefix(t *testing.T) {
+	opts := DefaultOptions()
+	opts.Seed = 1
+	e, err := NewEngine(opts, nil)
+	require.NoError(t, err)
+	got := outputs{}
+	toks := randomTokens(rand.New(rand.NewPCG(6, 6)), 170)
+	for i := 100; i < 150; i++ {
+		toks[i] = 7 // an image's placeholder run
+	}
+	media := []router.Media{{Hash: router.MediaHash("cat"), Offset: 100, Length: 50}}
+	warm := &Request{ID: "warm", Tokens: toks[:100], MaxTokens: 1, Sink: got.sink("warm")}
+	req := &Request{ID: "req", Tokens: toks, Media: media, MediaIDs: []string{"cat"}, MaxTokens: 1, Sink: got.sink("req")}
+	cold := &Request{ID: "cold", Tokens: toks, Media: []router.Media{{Hash: router.MediaHash("dog"), Offset: 100, Length: 50}}, MediaIDs: []string{"dog"}, MaxTokens: 1, Salt: "other", Sink: got.sink("cold")}
+	drive(t, e, []arrival{{0, warm}, {time.Second, req}, {2 * time.Second, cold}}, nil)
+	require.Equal(t, 96, got["req"][0].CachedTokens, "the warm-up's 6 full blocks of 16")
+	require.Equal(t, 0, got["cold"][0].CachedTokens)
+	prefill := func(n float64) time.Duration {
+		return time.Duration((4.209989e-7*n*n + 1.518344e-2*n + 16.50142) * float64(time.Millisecond))
+	}
+	require.Equal(t, time.Second+prefill(170-96), got["req"][0].At)
+	require.Equal(t, 2*time.Second+prefill(170), got["cold"][0].At)
+}

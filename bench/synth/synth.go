@@ -1,6 +1,7 @@
 package synth
 
 import (
+	"dataplane/dataplane/media/video"
 	"dataplane/dataplane/sequence"
 	"fmt"
 	"math"
@@ -23,14 +24,29 @@ type Knobs struct {
 	// repeats one already used in the same conversation (requests ending in the same core-tree
 	// segment) instead of being new.
 	ImageShare, VideoShare, AudioShare    float64 // 0
-	ImageTokens, VideoTokens, AudioTokens int     // 576 (LLaVA-1.5), 3,840 (Qwen2-VL, 8 s), 750 (Qwen2-Audio, 30 s)
+	ImageTokens, VideoTokens, AudioTokens int     // 576 (LLaVA-1.5), 0 (videos: from their frames), 750 (Qwen2-Audio, 30 s)
 	MediaReuse                            float64 // 0
+	// A video is VideoFrames frames sampled at VideoFPS (its length is frames / fps); unless
+	// VideoTokens is set, its tokens are the daemon's count (dataplane/media/video.TokenCount):
+	// ceil(frames / VideoPool) × VideoFrameTokens, Qwen2-VL's temporal patch of 2 frames sharing
+	// one set of tokens. Defaults: 30 frames at 2 fps, pool 2, 256 tokens (a 448×448 frame pair
+	// after the 2×2 merge): 3,840 tokens.
+	VideoFrames, VideoPool, VideoFrameTokens int
+	VideoFPS                                 float64
+}
+
+// VideoTokenCount is a video's tokens under k: VideoTokens if set, else from its frames.
+func (k *Knobs) VideoTokenCount() int {
+	if k.VideoTokens > 0 {
+		return k.VideoTokens
+	}
+	return video.TokenCount(k.VideoFrames, k.VideoFrameTokens, k.VideoPool)
 }
 
 // DefaultKnobs change nothing.
 func DefaultKnobs() Knobs {
 	return Knobs{PrefixLenMultiplier: 1, PrefixRootMultiplier: 1, PromptLenMultiplier: 1, OSLMultiplier: 1, SpeedupRatio: 1,
-		ImageTokens: 576, VideoTokens: 3840, AudioTokens: 750}
+		ImageTokens: 576, AudioTokens: 750, VideoFrames: 30, VideoFPS: 2, VideoPool: 2, VideoFrameTokens: 256}
 }
 
 // ErrKnob names a knob with an unusable value.
@@ -66,8 +82,12 @@ func (k *Knobs) check() error {
 		return &ErrKnob{"prefix_root_multiplier", fmt.Sprintf("%d: want at least 1", k.PrefixRootMultiplier)}
 	case k.Requests < 0:
 		return &ErrKnob{"requests", fmt.Sprintf("%d: must not be negative", k.Requests)}
-	case k.ImageTokens <= 0 || k.VideoTokens <= 0 || k.AudioTokens <= 0:
-		return &ErrKnob{"media tokens", fmt.Sprintf("%d/%d/%d: must be positive", k.ImageTokens, k.VideoTokens, k.AudioTokens)}
+	case k.ImageTokens <= 0 || k.VideoTokens < 0 || k.AudioTokens <= 0:
+		return &ErrKnob{"media tokens", fmt.Sprintf("%d/%d/%d: must be positive (video: or 0, from its frames)", k.ImageTokens, k.VideoTokens, k.AudioTokens)}
+	case k.VideoFrames <= 0 || k.VideoPool <= 0 || k.VideoFrameTokens <= 0:
+		return &ErrKnob{"video", fmt.Sprintf("%d frames, pool %d, %d tokens a frame group: must be positive", k.VideoFrames, k.VideoPool, k.VideoFrameTokens)}
+	case !(k.VideoFPS > 0) || math.IsInf(k.VideoFPS, 0):
+		return &ErrKnob{"video_fps", fmt.Sprintf("%v: must be positive", k.VideoFPS)}
 	}
 	return nil
 }
@@ -180,7 +200,7 @@ func synthesize(t *Tree, k Knobs) ([]Record, []provenance, error) {
 			modality sequence.Modality
 			share    float64
 			tokens   int
-		}{{sequence.Image, k.ImageShare, k.ImageTokens}, {sequence.Video, k.VideoShare, k.VideoTokens}, {sequence.Audio, k.AudioShare, k.AudioTokens}} {
+		}{{sequence.Image, k.ImageShare, k.ImageTokens}, {sequence.Video, k.VideoShare, k.VideoTokenCount()}, {sequence.Audio, k.AudioShare, k.AudioTokens}} {
 			has, reuse, pick := rMedia.Float64() < mod.share, rMedia.Float64() < k.MediaReuse, rMedia.Uint64()
 			if !has {
 				continue
@@ -196,7 +216,11 @@ func synthesize(t *Tree, k Knobs) ([]Record, []provenance, error) {
 				pools[pool] = append(used, id)
 			}
 			mediaAt()
-			rec.Media = append(rec.Media, Media{Modality: mod.modality, ID: id, Offset: offset, Tokens: mod.tokens})
+			m := Media{Modality: mod.modality, ID: id, Offset: offset, Tokens: mod.tokens}
+			if mod.modality == sequence.Video {
+				m.Frames, m.FPS = k.VideoFrames, k.VideoFPS
+			}
+			rec.Media = append(rec.Media, m)
 			offset += mod.tokens
 			rec.InputLength += mod.tokens
 		}

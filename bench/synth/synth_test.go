@@ -152,7 +152,7 @@ func TestKnobs(t *testing.T) {
 			for _, m := range r.Media {
 				require.GreaterOrEqual(t, m.Offset, 512*p[i].prefixBlocks)
 				added += m.Tokens
-				require.Equal(t, map[sequence.Modality]int{sequence.Image: k.ImageTokens, sequence.Video: k.VideoTokens, sequence.Audio: k.AudioTokens}[m.Modality], m.Tokens)
+				require.Equal(t, map[sequence.Modality]int{sequence.Image: k.ImageTokens, sequence.Video: k.VideoTokenCount(), sequence.Audio: k.AudioTokens}[m.Modality], m.Tokens)
 			}
 			want := b[i].InputLength
 			if len(r.Media) > 0 { // filled to its last shared block's end first

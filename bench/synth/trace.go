@@ -30,6 +30,9 @@ type Media struct {
 	ID       string            `json:"id"`
 	Offset   int               `json:"offset"`
 	Tokens   int               `json:"tokens"`
+	// A video's sampled frames and their rate (the encoder's work is per frame); 0 otherwise.
+	Frames int     `json:"frames,omitempty"`
+	FPS    float64 `json:"fps,omitempty"`
 }
 
 // Limits bound what a trace may hold. DefaultLimits has the defaults.
@@ -111,10 +114,20 @@ func (rec *Record) check(lim Limits) error {
 			return fmt.Errorf("media[%d].id is empty", i)
 		case m.Tokens <= 0 || m.Offset < 0 || m.Offset > rec.InputLength-m.Tokens:
 			return fmt.Errorf("media[%d]: tokens [%d, %d+%d) not inside the %d-token prompt", i, m.Offset, m.Offset, m.Tokens, rec.InputLength)
+		case m.Frames < 0 || m.Frames > maxFrames:
+			return fmt.Errorf("media[%d].frames %d (want 0..%d)", i, m.Frames, maxFrames)
+		case !(m.FPS >= 0 && m.FPS <= maxFPS):
+			return fmt.Errorf("media[%d].fps %v (want 0..%d)", i, m.FPS, maxFPS)
 		}
 	}
 	return nil
 }
+
+// Bounds on a video item's frames and rate (a day of 60 fps video is far beyond any model).
+const (
+	maxFrames = 1 << 22
+	maxFPS    = 1000
+)
 
 // WriteTrace writes records as JSON Lines.
 func WriteTrace(w io.Writer, recs []Record) error {

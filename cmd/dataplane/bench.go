@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,6 +197,10 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&o.Seed, "seed", 0, "engines' and random policy's seed (0: random)")
 	encodeMS := fs.Float64("encode-ms-per-1k-tokens", float64(ab.DefaultSimEncoder().PerToken*1000)/1e6, "the simulated encoder's cost")
 	encodeSlots := fs.Int("encode-slots", ab.DefaultSimEncoder().Workers, "the simulated encoder's parallel slots (async)")
+	encodeFrameMS := fs.Float64("encode-ms-per-frame", float64(ab.DefaultSimEncoder().PerFrame)/1e6, "the simulated encoder's cost per video frame (videos that say their frames; 0: by tokens)")
+	overlap := fs.String("overlap", "off", "encode/prefill overlap with kv-modality (a media request's engine gets its text before the first item as a 1-token warm-up while it encodes): off, on, both")
+	fs.IntVar(&o.OverlapMinTokens, "overlap-min-tokens", o.OverlapMinTokens, "the least text before the first item worth a warm-up")
+	fs.BoolVar(&o.Baseline, "without-media", false, "also run each policy on the trace with its media taken out, and report the text-only requests' TTFT p99 against it")
 	var topo abTopology
 	abTopologyFlags(fs, &o, &topo)
 	calibrate := fs.String("encoder-preset", "", "measure the encoder's cost on this machine instead: a sweep preset (vit-tiny, clip-b16, clip-l14-336, whisper-tiny, whisper-base) run at batch 1 on the CPU kernels")
@@ -208,11 +213,21 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	o.Policies, o.Encodings = splitList(*policies), splitList(*encodings)
 	o.Router.BlockSize = o.Engine.BlockSize
+	switch *overlap {
+	case "off":
+	case "on":
+		o.Overlaps = []bool{true}
+	case "both":
+		o.Overlaps = []bool{false, true}
+	default:
+		fmt.Fprintf(stderr, "bench ab: --overlap %q (want off, on or both)\n", *overlap)
+		return errUsage
+	}
 	if err := topo.resolve(&o); err != nil {
 		fmt.Fprintf(stderr, "bench ab: %v\n", err)
 		return errUsage
 	}
-	o.Encoder = ab.SimEncoder{PerToken: time.Duration(*encodeMS * 1e6 / 1000), Workers: *encodeSlots}
+	o.Encoder = ab.SimEncoder{PerToken: time.Duration(*encodeMS * 1e6 / 1000), PerFrame: time.Duration(*encodeFrameMS * 1e6), Workers: *encodeSlots}
 	if *calibrate != "" {
 		h, err := sweep.NewPreset(*calibrate, 0)
 		if err != nil {
@@ -223,7 +238,8 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "encoder %s on this machine: %.3f ms per 1k media tokens, %d slots\n", *calibrate, float64(enc.PerToken*1000)/1e6, enc.Workers)
+		fmt.Fprintf(stdout, "encoder %s on this machine: %.3f ms per 1k media tokens, %.3f ms per frame, %d slots\n", *calibrate,
+			float64(enc.PerToken*1000)/1e6, float64(enc.PerFrame)/1e6, enc.Workers)
 		o.Encoder = enc
 	}
 	if o.Seed == 0 {
@@ -247,7 +263,7 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tencoding\tTTFT p50\tTTFT p99\tITL p50\tE2E p50\tE2E p99\tcache hit\ttokens/s\tpreempted\trejected\t")
 	for _, r := range res {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f ms\t%.1f ms\t%.0f ms\t%.0f ms\t%.3f\t%.0f\t%d\t%d\t\n", r.Policy, r.Encoding,
+		fmt.Fprintf(tw, "%s\t%s\t%.0f ms\t%.0f ms\t%.1f ms\t%.0f ms\t%.0f ms\t%.3f\t%.0f\t%d\t%d\t\n", r.Policy, encodingName(r),
 			r.TTFT.P50, r.TTFT.P99, r.ITL.P50, r.E2E.P50, r.E2E.P99, r.CacheHit, r.OutputTokensPerS, r.Preemptions, r.Rejected)
 	}
 	if err := tw.Flush(); err != nil {
@@ -256,10 +272,13 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := printDisagg(stdout, res); err != nil {
 		return err
 	}
+	if err := printClasses(stdout, res); err != nil {
+		return err
+	}
 	if len(res) > 1 {
 		base := res[0]
 		for _, r := range res[1:] {
-			fmt.Fprintf(stdout, "%s/%s vs %s/%s: TTFT p50 %.2fx, p99 %.2fx better\n", r.Policy, r.Encoding, base.Policy, base.Encoding,
+			fmt.Fprintf(stdout, "%s/%s vs %s/%s: TTFT p50 %.2fx, p99 %.2fx better\n", r.Policy, encodingName(r), base.Policy, encodingName(base),
 				base.TTFT.P50/r.TTFT.P50, base.TTFT.P99/r.TTFT.P99)
 		}
 	}
@@ -270,10 +289,14 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	err = writeFile(filepath.Join(*out, "ab.csv"), func(w io.Writer) error {
-		fmt.Fprintln(w, "policy,encoding,requests,rejected,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,cache_hit,output_tokens_per_s,preemptions")
+		// One row per run (class "all"), then one per class present with its TTFT only.
+		fmt.Fprintln(w, "policy,encoding,class,requests,rejected,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,cache_hit,output_tokens_per_s,preemptions,text_p99_vs_without_media")
 		for _, r := range res {
-			fmt.Fprintf(w, "%s,%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%.1f,%d\n", r.Policy, r.Encoding, r.Requests, r.Rejected,
-				r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.ITL.P50, r.ITL.P99, r.E2E.P50, r.E2E.P99, r.CacheHit, r.OutputTokensPerS, r.Preemptions)
+			fmt.Fprintf(w, "%s,%s,all,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%.1f,%d,%.4f\n", r.Policy, encodingName(r), r.Requests, r.Rejected,
+				r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.ITL.P50, r.ITL.P99, r.E2E.P50, r.E2E.P99, r.CacheHit, r.OutputTokensPerS, r.Preemptions, r.TextVsBaseline)
+			for _, c := range r.ByClass {
+				fmt.Fprintf(w, "%s,%s,%s,%d,,%.3f,%.3f,%.3f,,,,,,,,\n", r.Policy, encodingName(r), c.Class, c.Requests, c.TTFT.P50, c.TTFT.P90, c.TTFT.P99)
+			}
 		}
 		return nil
 	})
@@ -281,6 +304,54 @@ func benchAB(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	return ab.Chart(res).SavePNG(filepath.Join(*out, "ab_ttft.png"))
+}
+
+// printClasses prints each run's TTFT per request class and, with --without-media, the
+// text-only requests' p99 against the same requests without the trace's media.
+func printClasses(stdout io.Writer, res []ab.Result) error {
+	fmt.Fprintln(stdout)
+	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tencoding\tclass\trequests\tTTFT p50\tTTFT p99\ttext p99 vs without media\t")
+	for _, r := range res {
+		for _, c := range r.ByClass {
+			vs := ""
+			if c.Class == synth.ClassText && r.TextVsBaseline > 0 {
+				vs = fmt.Sprintf("%.3fx", r.TextVsBaseline)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f ms\t%.0f ms\t%s\t\n", r.Policy, encodingName(r), c.Class, c.Requests, c.TTFT.P50, c.TTFT.P99, vs)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(res, func(r ab.Result) bool { return r.Overlap }) {
+		return nil
+	}
+	fmt.Fprintln(stdout)
+	tw = tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tencoding\tmedia requests' text prefix\trequests\tTTFT p50\tTTFT p99\twarm-ups sent / too short / cached\t")
+	for _, r := range res {
+		if r.Policy != ab.ModalityAware {
+			continue
+		}
+		for _, b := range r.ByPrefix {
+			span := fmt.Sprintf("%d-%d tokens", b.Min, b.Max)
+			if b.Max == 0 {
+				span = fmt.Sprintf(">= %d tokens", b.Min)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f ms\t%.0f ms\t%d / %d / %d\t\n", r.Policy, encodingName(r), span, b.Requests, b.TTFT.P50, b.TTFT.P99,
+				r.Warmups, r.WarmupsShort, r.WarmupsCached)
+		}
+	}
+	return tw.Flush()
+}
+
+// encodingName is a run's encoding mode, "+overlap" when it warmed prefixes.
+func encodingName(r ab.Result) string {
+	if r.Overlap {
+		return r.Encoding + "+overlap"
+	}
+	return r.Encoding
 }
 
 func benchFleet(ctx context.Context, args []string, stdout, stderr io.Writer) error {

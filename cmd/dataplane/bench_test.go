@@ -35,16 +35,25 @@ func runBenchErr(t *testing.T, args ...string) string {
 
 // `bench ab` prints one row per policy and the comparison, and writes its CSV and chart.
 func TestBenchAB(t *testing.T) {
-	trace := synthTrace(t, "--requests", "150", "--seed", "3")
+	trace := synthTrace(t, "--requests", "150", "--seed", "3", "--video-share", "0.2", "--video-frames", "8")
 	dir := t.TempDir()
-	out := runBench(t, "ab", "--trace", trace, "--seed", "9", "--out", dir)
-	require.Regexp(t, `(?m)^\s+round-robin\s+none`, out)
-	require.Regexp(t, `(?m)^\s+kv\s+none`, out)
-	require.Regexp(t, `kv/none vs round-robin/none: TTFT p50 [\d.]+x`, out)
+	out := runBench(t, "ab", "--trace", trace, "--seed", "9", "--out", dir, "--encodings", "async", "--without-media")
+	require.Regexp(t, `(?m)^\s+round-robin\s+without-media`, out)
+	require.Regexp(t, `(?m)^\s+kv\s+async`, out)
+	require.Regexp(t, `(?m)^\s+kv\s+async\s+text-only\s+\d+\s+\d+ ms\s+\d+ ms\s+[\d.]+x$`, out)
+	require.Regexp(t, `(?m)^\s+kv\s+async\s+video\s+\d+`, out)
+	require.Regexp(t, `kv/async vs round-robin/without-media: TTFT p50 [\d.]+x`, out)
 	for _, f := range []string{"ab.csv", "ab_ttft.png"} {
 		_, err := os.Stat(filepath.Join(dir, f))
 		require.NoError(t, err)
 	}
+	csv, err := os.ReadFile(filepath.Join(dir, "ab.csv"))
+	require.NoError(t, err)
+	require.Contains(t, string(csv), "\nkv,async,video,")
+	require.Contains(t, string(csv), "\nkv,async,all,150,")
+	out = runBench(t, "ab", "--trace", trace, "--seed", "9", "--policies", "kv-modality", "--encodings", "async", "--overlap", "both", "--overlap-min-tokens", "512")
+	require.Regexp(t, `(?m)^\s+kv-modality\s+async\+overlap\s+\d+-\d+ tokens\s+\d+\s+\d+ ms\s+\d+ ms\s+\d+ / \d+ / \d+$`, out)
+	require.Contains(t, runBenchErr(t, "ab", "--trace", trace, "--overlap", "maybe"), `--overlap "maybe"`)
 }
 
 // `bench load` against a mock fleet over HTTP, and `bench fleet` in-process: every request
@@ -105,7 +114,7 @@ func TestBenchSweep(t *testing.T) {
 func TestBenchABCalibratedEncoder(t *testing.T) {
 	trace := synthTrace(t, "--requests", "60", "--seed", "5", "--image-share", "0.5")
 	out := runBench(t, "ab", "--trace", trace, "--seed", "9", "--policies", "kv,kv-modality", "--encodings", "sync,async", "--encoder-preset", "vit-tiny")
-	require.Regexp(t, `encoder vit-tiny on this machine: [\d.]+ ms per 1k media tokens, 2 slots`, out)
+	require.Regexp(t, `encoder vit-tiny on this machine: [\d.]+ ms per 1k media tokens, [\d.]+ ms per frame, 2 slots`, out)
 	require.Regexp(t, `(?m)^\s+kv-modality\s+async`, out)
 	require.Contains(t, runBenchErr(t, "ab", "--trace", trace, "--encoder-preset", "vit-huge"), `no preset "vit-huge"`)
 }

@@ -129,6 +129,9 @@ func TestServeMetricNames(t *testing.T) {
 		"dataplane_request_duration_seconds{endpoint} histogram Arrival to the last token (or the failure).",
 		"dataplane_requests_total{endpoint,outcome} counter Requests by endpoint and outcome (ok, bad_request, rejected, cancelled, error).",
 		"dataplane_ttft_seconds{} histogram Arrival to the first token from the LLM worker.",
+		"dataplane_warmup_failed_total{} counter Prefix warm-ups the worker refused or did not answer in time.",
+		"dataplane_warmup_sent_total{} counter Prefix warm-ups sent to the chosen worker while a request's media encoded.",
+		"dataplane_warmup_skipped_total{reason} counter Requests with media not warmed up, by reason: reused (nothing to encode), handoff (embeds), short (prefix under the minimum), cached (already there), busy (in-flight limit), closing.",
 		"dataplane_worker_probes_total{result,worker} counter Health probes of LLM workers, by result (ok, failed).",
 	), metricFamilies(t, base+"/metrics"))
 }

@@ -138,9 +138,9 @@ func plannerRamp(t *testing.T, role, pool, mockFlags string, removals int) ([]st
 func everyRequestAnswered(t *testing.T, rows [][]string) map[string]int {
 	endpoints := map[string]int{}
 	for _, r := range rows {
-		require.Equal(t, "false", r[10], "skipped: %v", r)
-		require.Empty(t, r[11], "request %s failed", r[0])
-		endpoints[r[1]]++
+		require.Equal(t, "false", r[11], "skipped: %v", r)
+		require.Empty(t, r[12], "request %s failed", r[0])
+		endpoints[r[2]]++
 	}
 	return endpoints
 }

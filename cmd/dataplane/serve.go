@@ -130,6 +130,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&so.Pool.MaxWait, "batch-wait", so.Pool.MaxWait, "how long a batch waits for company")
 	fs.IntVar(&so.Pool.MaxBatchTokens, "batch-tokens", so.Pool.MaxBatchTokens, "feature rows per encoder batch")
 	fs.DurationVar(&so.ItemTimeout, "item-timeout", so.ItemTimeout, "how long a request waits for its media to be encoded")
+	fs.IntVar(&so.Warmup.MinTokens, "warmup-min-tokens", so.Warmup.MinTokens, "while a request's media encode, send its worker the text before the first item (max_tokens 1) to fill its prefix cache, when that text is at least this many tokens and not cached there (0: never; not with --handoff embeds)")
+	fs.IntVar(&so.Warmup.InFlight, "warmup-in-flight", so.Warmup.InFlight, "prefix warm-ups at once (more are dropped)")
+	fs.DurationVar(&so.Warmup.Timeout, "warmup-timeout", so.Warmup.Timeout, "one prefix warm-up's limit")
 	fs.IntVar(&so.MaxPromptTokens, "max-prompt-tokens", so.MaxPromptTokens, "longest merged prompt (the model's context)")
 	fs.IntVar(&so.DefaultMaxTokens, "default-max-tokens", so.DefaultMaxTokens, "max_tokens when a request gives none")
 	// Media sources.

@@ -49,7 +49,11 @@ func synthCommand(_ context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&k.VideoShare, "video-share", 0, "share of requests with a video")
 	fs.Float64Var(&k.AudioShare, "audio-share", 0, "share of requests with an audio clip")
 	fs.IntVar(&k.ImageTokens, "image-tokens", k.ImageTokens, "tokens per image")
-	fs.IntVar(&k.VideoTokens, "video-tokens", k.VideoTokens, "tokens per video")
+	fs.IntVar(&k.VideoTokens, "video-tokens", k.VideoTokens, "tokens per video (0: ceil(frames / video-pool) x video-frame-tokens, the daemon's count)")
+	fs.IntVar(&k.VideoFrames, "video-frames", k.VideoFrames, "frames sampled per video (the encoder's work)")
+	fs.Float64Var(&k.VideoFPS, "video-fps", k.VideoFPS, "their rate (a video lasts frames / fps)")
+	fs.IntVar(&k.VideoPool, "video-pool", k.VideoPool, "frames sharing one set of tokens (Qwen2-VL's temporal patch: 2)")
+	fs.IntVar(&k.VideoFrameTokens, "video-frame-tokens", k.VideoFrameTokens, "tokens per pooled frame group (256: a 448x448 frame after Qwen2-VL's 2x2 merge)")
 	fs.IntVar(&k.AudioTokens, "audio-tokens", k.AudioTokens, "tokens per audio clip")
 	fs.Float64Var(&k.MediaReuse, "media-reuse", 0, "probability an item repeats one from the same conversation")
 	if err := fs.Parse(args); err != nil {
