@@ -113,3 +113,17 @@ func TestRunPeerArguments(t *testing.T) {
 	_, err = r.runPeer(context.Background(), Case{Peer: "p.py", Iters: 1})
 	require.ErrorContains(t, err, "boom")
 }
+
+// The parsers take any output without panicking; what they accept is well formed.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("BenchmarkX-2 \t 3\t 1.5 ms/item\t 2 x-hello\n"))
+	f.Add([]byte(`{"peer":"torch","case":"vit","ms_per_item":12.5}`))
+	f.Fuzz(func(t *testing.T, out []byte) {
+		if m, err := parseBench(out); err == nil && m == nil {
+			t.Fatal("no error and no metrics")
+		}
+		if v, err := parsePeer(out); err == nil && !(v > 0) {
+			t.Fatalf("accepted ms_per_item %v", v)
+		}
+	})
+}
