@@ -99,35 +99,43 @@ func (r *Runner) runCase(c Case) Result {
 			script = false
 		}
 	}
+	oursOK, peerOK := true, script // each side stops at its first failure; the other goes on
 	for round := range r.Rounds {
-		m, err := r.ours(c)
-		if err != nil {
-			res.Note = join(res.Note, "ours: "+err.Error())
-			return res
+		var ours float64
+		var m map[string]float64
+		if oursOK {
+			var err error
+			if m, err = r.ours(c); err != nil {
+				res.Note, oursOK = join(res.Note, "ours: "+err.Error()), false
+			} else if ours, oursOK = m[c.Metric]; !oursOK {
+				res.Note = join(res.Note, fmt.Sprintf("ours: no %s metric", c.Metric))
+			} else {
+				res.Ours = append(res.Ours, ours)
+				r.logf("%s round %d: ours %s %s", c.Name, round+1, num(ours), c.Metric)
+			}
 		}
-		ours, ok := m[c.Metric]
-		if !ok {
-			res.Note = join(res.Note, fmt.Sprintf("ours: no %s metric", c.Metric))
-			return res
-		}
-		res.Ours = append(res.Ours, ours)
-		r.logf("%s round %d: ours %s %s", c.Name, round+1, num(ours), c.Metric)
-		switch {
-		case c.PeerMetric != "": // the peer ran inside our benchmark
+		if oursOK && c.PeerMetric != "" { // the peer ran inside our benchmark
 			peer, ratio := m[c.PeerMetric], m[c.RatioMetric]
 			if peer == 0 || ratio == 0 {
 				res.Note = join(res.Note, fmt.Sprintf("ours: no %s or %s metric", c.PeerMetric, c.RatioMetric))
 				return res
 			}
 			res.Peers, res.Ratios = append(res.Peers, peer), append(res.Ratios, ratio)
-		case script:
+		}
+		if peerOK {
 			peer, err := r.peer(c)
 			if err != nil {
-				res.Note = join(res.Note, "peer: "+err.Error())
-				return res
+				res.Note, peerOK = join(res.Note, "peer: "+err.Error()), false
+			} else {
+				r.logf("%s round %d: peer %s ms/item", c.Name, round+1, num(peer))
+				res.Peers = append(res.Peers, peer)
+				if oursOK {
+					res.Ratios = append(res.Ratios, ratio(c, ours, peer))
+				}
 			}
-			r.logf("%s round %d: peer %s ms/item", c.Name, round+1, num(peer))
-			res.Peers, res.Ratios = append(res.Peers, peer), append(res.Ratios, ratio(c, ours, peer))
+		}
+		if !oursOK && !peerOK {
+			break
 		}
 	}
 	return res

@@ -41,7 +41,8 @@ func TestParsePeer(t *testing.T) {
 
 // The runner alternates ours and the peer round by round, computes ratios per round (the peer's
 // time over ours, or ours as a rate over the peer's), reads a real peer command's JSON line,
-// says when a peer script is missing and goes on to the next case.
+// says when a peer script is missing and goes on to the next case; one side failing leaves the
+// other's range in the table.
 func TestRunnerAlternatesAndRatios(t *testing.T) {
 	root := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(root, "bench/peers"), 0o755))
@@ -88,6 +89,8 @@ func TestRunnerAlternatesAndRatios(t *testing.T) {
 	require.Equal(t, []float64{50, 50, 50}, rs[1].Peers)
 	require.Equal(t, []float64{2, 2, 2}, rs[2].Ratios, "1000 items/s against 500")
 	require.Equal(t, "ours: no ms/frame metric", rs[3].Note)
+	require.Equal(t, []float64{2, 2, 2}, rs[3].Peers, "the peer still runs: its range is in the table")
+	require.Empty(t, rs[3].Ratios)
 
 	var table bytes.Buffer
 	Table(&table, Env{CPU: "Fake CPU", ISA: "avx2", BLAS: "libopenblas.so.0", Rounds: 3}, rs)
