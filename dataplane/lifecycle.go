@@ -119,8 +119,13 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 		return nil, fail(ErrInvalid, "cache_policy", "%v", err)
 	}
 	// --item-timeout covers the media's fetch, decode and encode: one deadline for every wait.
-	ictx, cancel := context.WithDeadline(ctx, r.start.Add(s.opts.ItemTimeout))
-	defer cancel()
+	// A text-only request has none of them, and no timer to make and stop.
+	ictx := ctx
+	if len(r.p.Media) > 0 {
+		var cancel context.CancelFunc
+		ictx, cancel = context.WithDeadline(ctx, r.start.Add(s.opts.ItemTimeout))
+		defer cancel()
+	}
 	if err := r.checkHandoff(); err != nil {
 		return nil, err
 	}
