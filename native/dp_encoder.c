@@ -334,7 +334,7 @@ static void rows_part(void *ctx, int32_t t, int32_t n) {
 	rows_job *j = ctx;
 	int64_t r0 = j->rows * t / n, r1 = j->rows * (t + 1) / n;
 	if (j->act < 0)
-		dp_layernorm(j->out + r0 * j->width, j->x + r0 * j->width, r1 - r0, j->width, j->w, j->b, j->f->e->cfg.ln_eps);
+		dp_layernorm(j->out + r0 * j->width, j->x + r0 * j->width, r1 - r0, j->width, j->w, j->b, j->f->e->cfg.ln_eps, j->f->isa);
 	else
 		dp_activate(j->x + r0 * j->width, (r1 - r0) * j->width, j->act, j->f->isa);
 }
@@ -495,7 +495,7 @@ static dp_status finish(fwd *f, const dp_encoder_output *sel) {
 	if (sel->kind == DP_OUT_POOLED) {
 		for (int64_t i = 0; i < f->n_items; i++) {
 			float *cls = f->y + i * h, *out = f->mlp + i * c->proj_dim;
-			dp_layernorm(cls, f->x + f->off[i] * h, 1, h, e->post_ln_w, e->post_ln_b, c->ln_eps);
+			dp_layernorm(cls, f->x + f->off[i] * h, 1, h, e->post_ln_w, e->post_ln_b, c->ln_eps, f->isa);
 			dp_status st = gemm(f, cls, 1, h, e->proj, NULL, out, c->proj_dim, 0);
 			if (st != DP_OK) return st;
 			dp_converter(f->items[i].out.dtype, DP_F32, f->isa)(f->items[i].out.data, out, c->proj_dim);
