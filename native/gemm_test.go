@@ -55,7 +55,7 @@ func checkClose(t *testing.T, got []float32, want, bound []float64, what string)
 }
 
 // Shapes around every blocking edge (tiles 6x16 and 12x32, packed panels of 32 columns,
-// KC = 256, MC = 120), every variant,
+// KC = 256, MC = 240), every variant,
 // packed and per-call forms, bias and accumulation, several thread counts.
 func TestGEMMAgainstReference(t *testing.T) {
 	r := newRand(t)
