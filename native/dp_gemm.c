@@ -413,6 +413,16 @@ dp_status dp_gemm_packed(const float *a, int64_t m, int64_t lda, const dp_packed
 	return run_gemm(&j, n_threads, isa, msg, msg_len);
 }
 
+dp_packed *dp_pack_b(const float *b, int64_t k, int64_t n, int64_t ldb, int32_t trans_b) {
+	dp_packed *p = packed_alloc(n, k);
+	if (p == NULL) return NULL;
+	if (trans_b)
+		pack_b(p, b, ldb, 1); /* B^T given as [n, k]: B[q][j] = b[j*ldb + q] */
+	else
+		pack_b(p, b, 1, ldb); /* B given as [k, n]: B[q][j] = b[q*ldb + j] */
+	return p;
+}
+
 dp_status dp_gemm(const float *a, int64_t m, int64_t k, int64_t lda, const float *b, int64_t n, int64_t ldb,
                   int32_t trans_b, float *c, int64_t ldc, int32_t accumulate, int32_t n_threads, int32_t isa, char *msg,
                   size_t msg_len) {
@@ -420,12 +430,8 @@ dp_status dp_gemm(const float *a, int64_t m, int64_t k, int64_t lda, const float
 	if (st != DP_OK) return st;
 	if (ldb < (trans_b ? k : n) || (k > 0 && n > 0 && b == NULL))
 		return dp_fail(msg, msg_len, DP_ERR_INVALID, "B: null or row stride %lld too short", (long long)ldb);
-	dp_packed *p = packed_alloc(n, k);
+	dp_packed *p = dp_pack_b(b, k, n, ldb, trans_b);
 	if (p == NULL) return dp_fail(msg, msg_len, DP_ERR_NOMEM, "no memory to pack B [%lld, %lld]", (long long)k, (long long)n);
-	if (trans_b)
-		pack_b(p, b, ldb, 1); /* B^T given as [n, k]: B[q][j] = b[j*ldb + q] */
-	else
-		pack_b(p, b, 1, ldb); /* B given as [k, n]: B[q][j] = b[q*ldb + j] */
 	gemm_job j = {.a = a, .m = m, .lda = lda, .b = p, .c = c, .ldc = ldc, .accumulate = accumulate != 0};
 	st = run_gemm(&j, n_threads, isa, msg, msg_len);
 	dp_packed_free(p);

@@ -16,4 +16,9 @@ void dp_activate(float *x, int64_t n, int32_t act, int32_t isa);
  * subtracting the row maximum first so large scores cannot overflow. */
 void dp_softmax_rows(float *x, int64_t rows, int64_t n, int64_t ld, float scale, int32_t isa);
 
+/* dp_pack_b packs B for dp_gemm_packed as dp_gemm does (B is [k, n] with row stride ldb, or
+ * given transposed as [n, k] when trans_b), so one packing serves many products; NULL when out
+ * of memory. Arguments are the caller's to check. */
+dp_packed *dp_pack_b(const float *b, int64_t k, int64_t n, int64_t ldb, int32_t trans_b);
+
 #endif /* DP_NN_H */
