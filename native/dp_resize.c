@@ -263,7 +263,7 @@ static void hpass_avx2_rgb(const uint8_t *src, size_t src_stride, size_t src_len
 
 static dp_status validate(const dp_resize_job *j, char *msg, size_t msg_len) {
 	if (j == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: null job");
-	if (j->src == NULL || j->dst == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: null src or dst");
+	if (j->dst == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: null dst");
 	if (j->channels < 1 || j->channels > 4) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: %d channels (1..4)", j->channels);
 	if (j->src_w < 1 || j->src_h < 1 || j->src_w > DP_IMAGE_MAX_SIDE || j->src_h > DP_IMAGE_MAX_SIDE)
 		return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: bad source size %dx%d", j->src_w, j->src_h);
@@ -278,13 +278,51 @@ static dp_status validate(const dp_resize_job *j, char *msg, size_t msg_len) {
 	return DP_OK;
 }
 
+/* The source window [x0, x1) x [y0, y1) a validated job reads: the taps of the cropped outputs
+ * (or the crop itself on an axis that is not resized). */
+static dp_status source_window(const dp_resize_job *j, int32_t win[4], char *msg, size_t msg_len) {
+	win[0] = j->crop_x, win[1] = j->crop_y, win[2] = j->crop_x + j->crop_w, win[3] = j->crop_y + j->crop_h;
+	for (int axis = 0; axis < 2; axis++) {
+		int32_t in = axis ? j->src_h : j->src_w, out = axis ? j->out_h : j->out_w;
+		int32_t first = axis ? j->crop_y : j->crop_x, n = axis ? j->crop_h : j->crop_w;
+		if (in == out) continue;
+		coeffs c;
+		dp_status st = coeffs_init(&c, in, out, first, n, j->filter, msg, msg_len);
+		if (st != DP_OK) return st;
+		win[axis] = c.lo[0];
+		win[axis + 2] = c.lo[0] + c.taps[0];
+		for (int32_t i = 1; i < n; i++)
+			if (c.lo[i] + c.taps[i] > win[axis + 2]) win[axis + 2] = c.lo[i] + c.taps[i];
+		coeffs_free(&c);
+	}
+	return DP_OK;
+}
+
+dp_status dp_resize_window(const dp_resize_job *j, int32_t win[4], char *msg, size_t msg_len) {
+	dp_status st = validate(j, msg, msg_len);
+	return st != DP_OK ? st : source_window(j, win, msg, msg_len);
+}
+
 dp_status dp_resize(const dp_resize_job *j, int32_t isa, char *msg, size_t msg_len) {
 	dp_status st = validate(j, msg, msg_len);
 	if (st != DP_OK) return st;
+	if (j->src == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: null src");
+	return dp_resize_region(j, j->src, 0, 0, j->src_w, j->src_h, isa, msg, msg_len);
+}
+
+/* dp_resize_region is dp_resize reading the source from reg, which holds only the window
+ * [rx, rx + rw) x [ry, ry + rh) of the src_w x src_h image (packed, rw * channels bytes a row);
+ * the window must contain source_window's. j->src is not read. */
+dp_status dp_resize_region(const dp_resize_job *j, const uint8_t *reg, int32_t rx, int32_t ry, int32_t rw, int32_t rh,
+                           int32_t isa, char *msg, size_t msg_len) {
+	dp_status st = validate(j, msg, msg_len);
+	if (st != DP_OK) return st;
+	if (reg == NULL || rx < 0 || ry < 0 || rw < 1 || rh < 1 || rx > j->src_w - rw || ry > j->src_h - rh)
+		return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: bad source region %dx%d at (%d, %d)", rw, rh, rx, ry);
 	int32_t v = dp_isa_resolve(isa);
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "resize: kernel variant %d not supported here", isa);
 	const int32_t ch = j->channels;
-	const size_t src_stride = (size_t)j->src_w * ch, out_stride = (size_t)j->crop_w * ch;
+	const size_t src_stride = (size_t)rw * ch, out_stride = (size_t)j->crop_w * ch;
 	int need_h = j->out_w != j->src_w, need_v = j->out_h != j->src_h;
 
 	coeffs cx = {0}, cy = {0};
@@ -292,15 +330,27 @@ dp_status dp_resize(const dp_resize_job *j, int32_t isa, char *msg, size_t msg_l
 	int32_t *wx = NULL;
 	if (need_h && (st = coeffs_init(&cx, j->src_w, j->out_w, j->crop_x, j->crop_w, j->filter, msg, msg_len)) != DP_OK) goto out;
 	if (need_v && (st = coeffs_init(&cy, j->src_h, j->out_h, j->crop_y, j->crop_h, j->filter, msg, msg_len)) != DP_OK) goto out;
+	/* Indices relative to the region, which must hold every tap. */
+	int32_t win[4] = {j->crop_x, j->crop_y, j->crop_x + j->crop_w, j->crop_y + j->crop_h};
+	if (need_h) {
+		win[0] = cx.lo[0], win[2] = 0;
+		for (int32_t i = 0; i < cx.n; i++) {
+			if (cx.lo[i] + cx.taps[i] > win[2]) win[2] = cx.lo[i] + cx.taps[i];
+			cx.lo[i] -= rx;
+		}
+	}
+	if (need_v) win[1] = cy.lo[0], win[3] = cy.lo[cy.n - 1] + cy.taps[cy.n - 1];
+	if (win[0] < rx || win[1] < ry || win[2] > rx + rw || win[3] > ry + rh) {
+		st = dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: source region %dx%d at (%d, %d) misses the window [%d, %d) x [%d, %d)",
+		             rw, rh, rx, ry, win[0], win[2], win[1], win[3]);
+		goto out;
+	}
 
 	/* The source rows the vertical pass reads (or, without one, the rows cropped). */
-	int32_t y_first = j->crop_y, y_last = j->crop_y + j->crop_h;
-	if (need_v) {
-		y_first = cy.lo[0];
-		y_last = cy.lo[cy.n - 1] + cy.taps[cy.n - 1];
+	int32_t y_first = win[1], y_last = win[3];
+	if (need_v)
 		for (int32_t i = 0; i < cy.n; i++) cy.lo[i] -= y_first;
-	}
-	const uint8_t *vsrc = j->src + (size_t)y_first * src_stride + (size_t)j->crop_x * ch;
+	const uint8_t *vsrc = reg + (size_t)(y_first - ry) * src_stride + (size_t)(j->crop_x - rx) * ch;
 	size_t vstride = src_stride;
 	if (need_h) {
 		int32_t rows = y_last - y_first;
@@ -313,11 +363,11 @@ dp_status dp_resize(const dp_resize_job *j, int32_t isa, char *msg, size_t msg_l
 			}
 			hdst = tmp;
 		}
-		const uint8_t *hsrc = j->src + (size_t)y_first * src_stride;
+		const uint8_t *hsrc = reg + (size_t)(y_first - ry) * src_stride;
 #if DP_X86
 		int32_t groups = (cx.ksize + 3) / 4;
 		if (v >= DP_ISA_AVX2 && ch == 3 && (wx = malloc((size_t)cx.n * groups * 16 * sizeof(int32_t))) != NULL)
-			hpass_avx2_rgb(hsrc, src_stride, (size_t)(j->src_h - y_first) * src_stride, rows, &cx, wx, groups, hdst, out_stride);
+			hpass_avx2_rgb(hsrc, src_stride, (size_t)(ry + rh - y_first) * src_stride, rows, &cx, wx, groups, hdst, out_stride);
 		else
 #endif
 			hpass_generic(hsrc, src_stride, rows, ch, &cx, hdst, out_stride);
