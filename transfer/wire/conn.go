@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -112,8 +113,15 @@ func interrupt(ctx context.Context, set func(time.Time) error) (stop func() bool
 
 // ioErr names ctx's error when ctx ended the operation.
 func ioErr(ctx context.Context, op string, err error) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("wire: %s: %w (%v)", op, ctx.Err(), err)
+	cerr := ctx.Err()
+	if cerr == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		// The socket deadline was the context's and fired a moment before its timer.
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			cerr = context.DeadlineExceeded
+		}
+	}
+	if cerr != nil {
+		return fmt.Errorf("wire: %s: %w (%v)", op, cerr, err)
 	}
 	return fmt.Errorf("wire: %s: %w", op, err)
 }
