@@ -21,12 +21,13 @@ type Options struct {
 	// MaxPayload refuses frames that declare a larger payload, before reading them
 	// (default DefaultMaxPayload).
 	MaxPayload int64
-	// WriteTimeout bounds one Send when its context has no deadline (default 30 s): a peer that
-	// stops reading cannot hold a sender forever.
+	// WriteTimeout bounds one Send, the whole frame, when its context has no earlier deadline
+	// (default 30 s): a peer that stops reading cannot hold a sender forever. 30 s carries
+	// 1 GiB at 300 Mb/s; set it by the link for larger frames on slower links.
 	WriteTimeout time.Duration
-	// ReadTimeout bounds the rest of a frame once its header has started to arrive, when the
-	// context has no earlier deadline (default 30 s). Waiting for the next header is bounded by
-	// the context alone, so an idle connection may stay open.
+	// ReadTimeout bounds the rest of a header once it has started to arrive, and then a whole
+	// payload, when the context has no earlier deadline (default 30 s). Waiting for the next
+	// header is bounded by the context alone, so an idle connection may stay open.
 	ReadTimeout time.Duration
 }
 
@@ -442,9 +443,19 @@ func (c *Conn) Discard(ctx context.Context) error {
 	}
 	stop := interrupt(ctx, c.nc.SetReadDeadline)
 	defer stop()
-	if _, err := io.CopyN(io.Discard, c.nc, c.cur.Len); err != nil {
-		c.rbroke = ioErr(ctx, fmt.Sprintf("skip payload of frame %d", c.cur.RequestID), unexpected(err))
-		return c.rbroke
+	bp := discardBufs.Get().(*[]byte)
+	defer discardBufs.Put(bp)
+	for left := c.cur.Len; left > 0; {
+		n, err := c.nc.Read((*bp)[:min(left, int64(len(*bp)))])
+		left -= int64(n)
+		if err != nil && left > 0 {
+			c.rbroke = ioErr(ctx, fmt.Sprintf("skip payload of frame %d", c.cur.RequestID), unexpected(err))
+			return c.rbroke
+		}
 	}
 	return nil
 }
+
+// discardBufs are the scratch buffers Discard reads skipped payloads into: readChunk bytes, so
+// skipping a refused 140 MiB video takes hundreds of reads, not tens of thousands.
+var discardBufs = sync.Pool{New: func() any { b := make([]byte, readChunk); return &b }}
