@@ -133,8 +133,8 @@ func ioErr(ctx context.Context, op string, err error) error {
 // finished and the bytes were still in the cache) passes it and saves a pass over the payload
 // on every send (BenchmarkTransfer's presum rows).
 func (c *Conn) Send(ctx context.Context, h Header, payload []byte) error {
-	h.Flags &^= FlagShm
-	h.ShmOffset = 0
+	h.Flags &^= FlagShm | FlagShmReply | FlagInPlace
+	h.ShmOffset, h.ShmLen = 0, 0
 	h.Len = int64(len(payload))
 	if h.Sum == 0 {
 		h.Sum = Checksum(payload)
@@ -162,13 +162,48 @@ func (c *Conn) SendShm(ctx context.Context, h Header, payload []byte, fd int, of
 	if len(payload) == 0 || fd < 0 || off < 0 {
 		return fmt.Errorf("wire: shared-memory frame of %d bytes, fd %d, offset %d", len(payload), fd, off)
 	}
-	h.Flags |= FlagShm
-	h.ShmOffset = off
+	h.Flags = h.Flags&^(FlagShmReply|FlagInPlace) | FlagShm
+	h.ShmOffset, h.ShmLen = off, int64(len(payload))
 	h.Len = int64(len(payload))
 	if h.Sum == 0 {
 		h.Sum = Checksum(payload)
 	}
 	return c.write(ctx, &h, nil, fd)
+}
+
+// SendWithReply sends a request (payload in the stream, as Send) that names where its answer
+// goes: bytes [off, off+n) of the memfd fd, this process's memory (a features.Job's buffer in a
+// store on a MemfdAllocator). The peer writes the answer there (MapReply) and says so with
+// SendInPlace: the answer lands in the requester's budget with nothing copied. Same node only.
+func (c *Conn) SendWithReply(ctx context.Context, h Header, payload []byte, fd int, off, n int64) error {
+	if c.uc == nil {
+		return errors.New("wire: shared-memory replies need a Unix socket")
+	}
+	if n <= 0 || fd < 0 || off < 0 {
+		return fmt.Errorf("wire: reply range of %d bytes, fd %d, offset %d", n, fd, off)
+	}
+	h.Flags = h.Flags&^(FlagShm|FlagInPlace) | FlagShmReply
+	h.ShmOffset, h.ShmLen = off, n
+	h.Len = int64(len(payload))
+	if h.Sum == 0 {
+		h.Sum = Checksum(payload)
+	}
+	return c.write(ctx, &h, payload, fd)
+}
+
+// SendInPlace answers a FlagShmReply request whose answer was written into the range it named
+// (MapReply): written is that mapping's first bytes. Only the header travels.
+func (c *Conn) SendInPlace(ctx context.Context, h Header, written []byte) error {
+	if len(written) == 0 {
+		return errors.New("wire: an in-place answer of no bytes")
+	}
+	h.Flags = h.Flags&^(FlagShm|FlagShmReply) | FlagInPlace
+	h.ShmOffset, h.ShmLen = 0, 0
+	h.Len = int64(len(written))
+	if h.Sum == 0 {
+		h.Sum = Checksum(written)
+	}
+	return c.write(ctx, &h, nil, -1)
 }
 
 func (c *Conn) write(ctx context.Context, h *Header, payload []byte, fd int) error {
@@ -191,7 +226,10 @@ func (c *Conn) write(ctx context.Context, h *Header, payload []byte, fd int) err
 	stop := interrupt(ctx, c.nc.SetWriteDeadline)
 	defer stop()
 	if fd >= 0 {
-		err = c.writeRights(c.wbuf, fd)
+		// The descriptor rides on the header's bytes; a payload follows in the stream.
+		if err = c.writeRights(c.wbuf, fd); err == nil && len(payload) > 0 {
+			_, err = c.nc.Write(payload)
+		}
 	} else {
 		// net.Buffers is writev on TCP and Unix connections: header and payload leave in one
 		// system call, straight from the caller's memory.
@@ -230,6 +268,7 @@ func (c *Conn) Next(ctx context.Context) (Header, error) {
 	if c.rbroke != nil {
 		return Header{}, c.rbroke
 	}
+	c.dropFD() // a reply range nobody mapped
 	if err := ctx.Err(); err != nil {
 		return Header{}, err
 	}
@@ -241,7 +280,7 @@ func (c *Conn) Next(ctx context.Context) (Header, error) {
 		c.rbroke = err
 		return Header{}, err
 	}
-	c.cur, c.left = h, h.Len > 0 || h.Flags&FlagShm != 0
+	c.cur, c.left = h, h.Flags&FlagShm != 0 || (h.Len > 0 && h.Flags&FlagInPlace == 0)
 	return h, nil
 }
 
@@ -277,12 +316,9 @@ func (c *Conn) readHeader(ctx context.Context) (Header, error) {
 	if err := parseMeta(c.rfixed[:], meta, &h, c.opts.MaxPayload); err != nil {
 		return h, err
 	}
-	if h.Flags&FlagShm != 0 {
+	if h.Flags&(FlagShm|FlagShmReply) != 0 {
 		if c.fd < 0 {
 			return h, frameErr("shared-memory frame %d came without a descriptor", h.RequestID)
-		}
-		if h.Len == 0 {
-			return h, frameErr("shared-memory frame %d without a payload", h.RequestID)
 		}
 	} else if c.fd >= 0 {
 		return h, frameErr("frame %d carried a descriptor it does not use", h.RequestID)

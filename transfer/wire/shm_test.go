@@ -1,14 +1,19 @@
 package wire
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"dataplane/features"
 )
 
 // openFDs counts this process's open descriptors.
@@ -69,7 +74,7 @@ func TestShmChecks(t *testing.T) {
 	// Two descriptors with one header: refused, both closed.
 	client, server := pair(t, "unix", Options{})
 	a, b := memfd(4096, true), memfd(4096, true)
-	h.Len, h.Sum, h.Flags = 4096, Checksum(payload), FlagShm
+	h.Len, h.ShmLen, h.Sum, h.Flags = 4096, 4096, Checksum(payload), FlagShm
 	hdr, err := AppendHeader(nil, &h, DefaultMaxPayload)
 	if err != nil {
 		t.Fatal(err)
@@ -134,4 +139,105 @@ func TestServerMaxConns(t *testing.T) {
 	if err := ping(third, long); err != nil {
 		t.Fatalf("after the first closed: %v", err)
 	}
+}
+
+// TestInPlaceReply is same-node remote encoding with no copy at all: A's store runs on a
+// MemfdAllocator; A admits the item and sends the encode request naming its job's buffer; B
+// maps that range writable, encodes into it, answers in place; A checks the checksum and
+// completes the job. The features were written once, by B, into A's budget.
+func TestInPlaceReply(t *testing.T) {
+	alloc := &features.MemfdAllocator{}
+	store, err := features.New(features.Options{Host: features.PoolOptions{Capacity: 16 << 20, BlockBytes: 64 << 10, Allocator: alloc}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	const rows, cols = 576, 1024 // bf16 features: 1.1 MiB
+	encode := func(in []byte, out []byte) int { // a stand-in for the model: deterministic in the input
+		for i := range rows * cols {
+			binary.LittleEndian.PutUint16(out[2*i:], uint16(i)^uint16(in[i%len(in)]))
+		}
+		return rows * cols * 2
+	}
+	srv := &Server{Handler: func(ctx context.Context, c *Conn, h *Header) error {
+		in := make([]byte, h.Len)
+		if err := c.ReadPayload(ctx, in); err != nil {
+			return c.SendError(ctx, h.RequestID, h.Key, err.Error())
+		}
+		m, err := c.MapReply()
+		if err != nil {
+			return c.SendError(ctx, h.RequestID, h.Key, err.Error())
+		}
+		defer m.Close()
+		if len(m.Bytes()) < rows*cols*2 {
+			return c.SendError(ctx, h.RequestID, h.Key, "reply range too small")
+		}
+		n := encode(in, m.Bytes())
+		return c.SendInPlace(ctx, Header{Kind: KindFeatures, RequestID: h.RequestID, Key: h.Key, DType: DTypeBF16, Rows: rows, Cols: cols}, m.Bytes()[:n])
+	}}
+	cl := NewClient(serve(t, "unix", srv), NewWindow(4, 1<<20))
+	defer cl.Close()
+	ctx := context.Background()
+	for i := range 3 {
+		key := testKey
+		key.Content = fmt.Sprintf("img-%d", i)
+		req, _ := store.Begin(key.Content, features.Policy{})
+		rec, job, err := req.Admit(ctx, features.Item{Key: key, MediaID: "0", Bytes: rows * cols * 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd, off, ok := alloc.FD(job.Buffer().Addr())
+		if !ok {
+			t.Fatal("job buffer not in a memfd")
+		}
+		input := []byte(fmt.Sprintf("pixels of image %d", i))
+		got := allocated(func() {
+			err = cl.CallWithReply(ctx, Header{Kind: KindEncode, Key: key, DType: DTypeU8, Rows: 1, Cols: uint32(len(input))}, input,
+				fd, off, job.Buffer().Len(), func(ctx context.Context, c *Conn, h *Header) error { return ReceiveInto(ctx, c, h, job) })
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got > rows*cols { // less than half the features' size: they were not copied
+			t.Errorf("item %d: %d bytes allocated", i, got)
+		}
+		<-rec.Ready()
+		v, err := rec.Host()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]byte, rows*cols*2)
+		encode(input, want)
+		if !bytes.Equal(v.Bytes(), want) {
+			t.Fatalf("item %d: features differ", i)
+		}
+		req.Cancel()
+	}
+
+	// A wrong checksum in an in-place answer fails the job.
+	raw, c := pair(t, "unix", Options{})
+	req, _ := store.Begin("bad", features.Policy{})
+	rec, job, err := req.Admit(ctx, features.Item{Key: features.Key{Content: "bad", Model: "m"}, MediaID: "0", Bytes: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Send(ctx, Header{Kind: KindFeatures, RequestID: 1, Key: testKey}, nil); err != nil { // an ordinary empty frame first
+		t.Fatal(err)
+	}
+	if err := raw.SendInPlace(ctx, Header{Kind: KindFeatures, RequestID: 2, Key: testKey, Sum: 12345}, make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	c.Next(ctx)
+	h, err := c.Next(ctx)
+	if err != nil || h.Flags&FlagInPlace == 0 {
+		t.Fatalf("in-place header: %+v %v", h, err)
+	}
+	if err := ReceiveInto(ctx, c, &h, job); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("bad in-place checksum: %v", err)
+	}
+	<-rec.Ready()
+	if rec.Err() == nil {
+		t.Fatal("the job did not fail")
+	}
+	req.Cancel()
 }
