@@ -152,7 +152,7 @@ func TestInPlaceReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	const rows, cols = 576, 1024                // bf16 features: 1.1 MiB
+	const rows, cols = 256, 1024                // bf16 features: 512 KiB
 	encode := func(in []byte, out []byte) int { // a stand-in for the model: deterministic in the input
 		for i := range rows * cols {
 			binary.LittleEndian.PutUint16(out[2*i:], uint16(i)^uint16(in[i%len(in)]))
