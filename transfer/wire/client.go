@@ -60,6 +60,15 @@ func (cl *Client) CallShm(ctx context.Context, h Header, payload []byte, fd int,
 	}, h)
 }
 
+// CallWithReply is Call whose answer is written by the peer straight into [off, off+n) of the
+// memfd fd (Conn.SendWithReply): with recv = ReceiveInto of the job whose buffer that is, a
+// same-node remote encoding copies nothing.
+func (cl *Client) CallWithReply(ctx context.Context, h Header, payload []byte, fd int, off, n int64, recv Recv) error {
+	return cl.call(ctx, int64(len(payload)), recv, func(h2 Header) error {
+		return cl.c.SendWithReply(ctx, h2, payload, fd, off, n)
+	}, h)
+}
+
 func (cl *Client) call(ctx context.Context, n int64, recv Recv, send func(Header) error, h Header) error {
 	if recv == nil {
 		return errors.New("wire: Call without a Recv")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -20,12 +21,13 @@ type Options struct {
 	// MaxPayload refuses frames that declare a larger payload, before reading them
 	// (default DefaultMaxPayload).
 	MaxPayload int64
-	// WriteTimeout bounds one Send when its context has no deadline (default 30 s): a peer that
-	// stops reading cannot hold a sender forever.
+	// WriteTimeout bounds one Send, the whole frame, when its context has no earlier deadline
+	// (default 30 s): a peer that stops reading cannot hold a sender forever. 30 s carries
+	// 1 GiB at 300 Mb/s; set it by the link for larger frames on slower links.
 	WriteTimeout time.Duration
-	// ReadTimeout bounds the rest of a frame once its header has started to arrive, when the
-	// context has no earlier deadline (default 30 s). Waiting for the next header is bounded by
-	// the context alone, so an idle connection may stay open.
+	// ReadTimeout bounds the rest of a header once it has started to arrive, and then a whole
+	// payload, when the context has no earlier deadline (default 30 s). Waiting for the next
+	// header is bounded by the context alone, so an idle connection may stay open.
 	ReadTimeout time.Duration
 }
 
@@ -112,8 +114,15 @@ func interrupt(ctx context.Context, set func(time.Time) error) (stop func() bool
 
 // ioErr names ctx's error when ctx ended the operation.
 func ioErr(ctx context.Context, op string, err error) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("wire: %s: %w (%v)", op, ctx.Err(), err)
+	cerr := ctx.Err()
+	if cerr == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		// The socket deadline was the context's and fired a moment before its timer.
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			cerr = context.DeadlineExceeded
+		}
+	}
+	if cerr != nil {
+		return fmt.Errorf("wire: %s: %w (%v)", op, cerr, err)
 	}
 	return fmt.Errorf("wire: %s: %w", op, err)
 }
@@ -124,8 +133,8 @@ func ioErr(ctx context.Context, op string, err error) error {
 // finished and the bytes were still in the cache) passes it and saves a pass over the payload
 // on every send (BenchmarkTransfer's presum rows).
 func (c *Conn) Send(ctx context.Context, h Header, payload []byte) error {
-	h.Flags &^= FlagShm
-	h.ShmOffset = 0
+	h.Flags &^= FlagShm | FlagShmReply | FlagInPlace
+	h.ShmOffset, h.ShmLen = 0, 0
 	h.Len = int64(len(payload))
 	if h.Sum == 0 {
 		h.Sum = Checksum(payload)
@@ -153,13 +162,48 @@ func (c *Conn) SendShm(ctx context.Context, h Header, payload []byte, fd int, of
 	if len(payload) == 0 || fd < 0 || off < 0 {
 		return fmt.Errorf("wire: shared-memory frame of %d bytes, fd %d, offset %d", len(payload), fd, off)
 	}
-	h.Flags |= FlagShm
-	h.ShmOffset = off
+	h.Flags = h.Flags&^(FlagShmReply|FlagInPlace) | FlagShm
+	h.ShmOffset, h.ShmLen = off, int64(len(payload))
 	h.Len = int64(len(payload))
 	if h.Sum == 0 {
 		h.Sum = Checksum(payload)
 	}
 	return c.write(ctx, &h, nil, fd)
+}
+
+// SendWithReply sends a request (payload in the stream, as Send) that names where its answer
+// goes: bytes [off, off+n) of the memfd fd, this process's memory (a features.Job's buffer in a
+// store on a MemfdAllocator). The peer writes the answer there (MapReply) and says so with
+// SendInPlace: the answer lands in the requester's budget with nothing copied. Same node only.
+func (c *Conn) SendWithReply(ctx context.Context, h Header, payload []byte, fd int, off, n int64) error {
+	if c.uc == nil {
+		return errors.New("wire: shared-memory replies need a Unix socket")
+	}
+	if n <= 0 || fd < 0 || off < 0 {
+		return fmt.Errorf("wire: reply range of %d bytes, fd %d, offset %d", n, fd, off)
+	}
+	h.Flags = h.Flags&^(FlagShm|FlagInPlace) | FlagShmReply
+	h.ShmOffset, h.ShmLen = off, n
+	h.Len = int64(len(payload))
+	if h.Sum == 0 {
+		h.Sum = Checksum(payload)
+	}
+	return c.write(ctx, &h, payload, fd)
+}
+
+// SendInPlace answers a FlagShmReply request whose answer was written into the range it named
+// (MapReply): written is that mapping's first bytes. Only the header travels.
+func (c *Conn) SendInPlace(ctx context.Context, h Header, written []byte) error {
+	if len(written) == 0 {
+		return errors.New("wire: an in-place answer of no bytes")
+	}
+	h.Flags = h.Flags&^(FlagShm|FlagShmReply) | FlagInPlace
+	h.ShmOffset, h.ShmLen = 0, 0
+	h.Len = int64(len(written))
+	if h.Sum == 0 {
+		h.Sum = Checksum(written)
+	}
+	return c.write(ctx, &h, nil, -1)
 }
 
 func (c *Conn) write(ctx context.Context, h *Header, payload []byte, fd int) error {
@@ -182,7 +226,10 @@ func (c *Conn) write(ctx context.Context, h *Header, payload []byte, fd int) err
 	stop := interrupt(ctx, c.nc.SetWriteDeadline)
 	defer stop()
 	if fd >= 0 {
-		err = c.writeRights(c.wbuf, fd)
+		// The descriptor rides on the header's bytes; a payload follows in the stream.
+		if err = c.writeRights(c.wbuf, fd); err == nil && len(payload) > 0 {
+			_, err = c.nc.Write(payload)
+		}
 	} else {
 		// net.Buffers is writev on TCP and Unix connections: header and payload leave in one
 		// system call, straight from the caller's memory.
@@ -221,6 +268,7 @@ func (c *Conn) Next(ctx context.Context) (Header, error) {
 	if c.rbroke != nil {
 		return Header{}, c.rbroke
 	}
+	c.dropFD() // a reply range nobody mapped
 	if err := ctx.Err(); err != nil {
 		return Header{}, err
 	}
@@ -232,7 +280,7 @@ func (c *Conn) Next(ctx context.Context) (Header, error) {
 		c.rbroke = err
 		return Header{}, err
 	}
-	c.cur, c.left = h, h.Len > 0 || h.Flags&FlagShm != 0
+	c.cur, c.left = h, h.Flags&FlagShm != 0 || (h.Len > 0 && h.Flags&FlagInPlace == 0)
 	return h, nil
 }
 
@@ -268,12 +316,9 @@ func (c *Conn) readHeader(ctx context.Context) (Header, error) {
 	if err := parseMeta(c.rfixed[:], meta, &h, c.opts.MaxPayload); err != nil {
 		return h, err
 	}
-	if h.Flags&FlagShm != 0 {
+	if h.Flags&(FlagShm|FlagShmReply) != 0 {
 		if c.fd < 0 {
 			return h, frameErr("shared-memory frame %d came without a descriptor", h.RequestID)
-		}
-		if h.Len == 0 {
-			return h, frameErr("shared-memory frame %d without a payload", h.RequestID)
 		}
 	} else if c.fd >= 0 {
 		return h, frameErr("frame %d carried a descriptor it does not use", h.RequestID)
@@ -434,9 +479,19 @@ func (c *Conn) Discard(ctx context.Context) error {
 	}
 	stop := interrupt(ctx, c.nc.SetReadDeadline)
 	defer stop()
-	if _, err := io.CopyN(io.Discard, c.nc, c.cur.Len); err != nil {
-		c.rbroke = ioErr(ctx, fmt.Sprintf("skip payload of frame %d", c.cur.RequestID), unexpected(err))
-		return c.rbroke
+	bp := discardBufs.Get().(*[]byte)
+	defer discardBufs.Put(bp)
+	for left := c.cur.Len; left > 0; {
+		n, err := c.nc.Read((*bp)[:min(left, int64(len(*bp)))])
+		left -= int64(n)
+		if err != nil && left > 0 {
+			c.rbroke = ioErr(ctx, fmt.Sprintf("skip payload of frame %d", c.cur.RequestID), unexpected(err))
+			return c.rbroke
+		}
 	}
 	return nil
 }
+
+// discardBufs are the scratch buffers Discard reads skipped payloads into: readChunk bytes, so
+// skipping a refused 140 MiB video takes hundreds of reads, not tens of thousands.
+var discardBufs = sync.Pool{New: func() any { b := make([]byte, readChunk); return &b }}

@@ -396,7 +396,7 @@ func TestTimeouts(t *testing.T) {
 	}
 
 	client, _ := pair(t, "unix", Options{WriteTimeout: 50 * time.Millisecond})
-	big := make([]byte, 64<<20) // more than the socket buffers hold
+	big := make([]byte, 16<<20) // more than the socket buffers hold
 	if err := client.Send(ctx, Header{Kind: KindFeatures, RequestID: 2, Key: testKey}, big); !errors.Is(err, errDeadline) {
 		t.Fatalf("peer not reading: %v, want a deadline error", err)
 	}

@@ -1,6 +1,6 @@
 // Package wire is the daemons' framed binary protocol for moving tensors between them: encoded
 // features back from a remote encoder, media inputs to it, and error frames that say why an
-// item failed. One frame is a fixed 56-byte header, a small metadata block (the item's
+// item failed. One frame is a fixed 64-byte header, a small metadata block (the item's
 // feature-store key and a text field) and a payload of raw tensor bytes.
 //
 // The payload is never copied in user space: the sender writes header and payload with one
@@ -31,7 +31,7 @@ const Magic = "DPWF"
 const Version = 1
 
 // HeaderSize is the fixed part of a frame header, before the metadata block.
-const HeaderSize = 56
+const HeaderSize = 64
 
 // Limits on what a frame may declare, checked before anything is allocated or read.
 const (
@@ -116,16 +116,25 @@ func (d DType) String() string {
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
 
-// Flags are per-frame options.
+// Flags are per-frame options. The shared-memory ones need a Unix socket.
 type Flags uint16
 
 const (
 	// FlagShm: the payload is not in the stream but in the memfd passed with the header
-	// (SCM_RIGHTS), at ShmOffset. Only on Unix sockets.
+	// (SCM_RIGHTS): bytes [ShmOffset, ShmOffset+Len).
 	FlagShm Flags = 1 << 0
 	// Bits 1–3 are reserved for payload compression (measured not to pay for fp16/bf16
 	// features: see the README); a frame that sets any unknown bit is refused.
-	knownFlags = FlagShm
+
+	// FlagShmReply: the memfd passed with the header is where the answer goes: bytes
+	// [ShmOffset, ShmOffset+ShmLen) of the requester's memory (a features.Job's buffer). The
+	// frame's own payload, if any, is in the stream.
+	FlagShmReply Flags = 1 << 4
+	// FlagInPlace: the answer to a FlagShmReply request: its Len bytes were written at the
+	// start of the range the request named; nothing follows in the stream.
+	FlagInPlace Flags = 1 << 5
+
+	knownFlags = FlagShm | FlagShmReply | FlagInPlace
 )
 
 // Header describes one frame.
@@ -139,7 +148,8 @@ type Header struct {
 	Cols      uint32
 	Len       int64  // payload bytes
 	Sum       uint64 // XXH3-64 of the payload (Checksum); Send computes it when 0
-	ShmOffset int64  // FlagShm: where the payload starts in the memfd
+	ShmOffset int64  // FlagShm, FlagShmReply: where the range starts in the memfd
+	ShmLen    int64  // FlagShmReply: the range's length (FlagShm: Len; set by SendShm)
 	Text      string // KindError: the reason; otherwise free-form (≤ MaxText bytes)
 }
 
@@ -192,8 +202,11 @@ func (h *Header) check(maxPayload int64) error {
 	if h.DType > dtypeMax {
 		return frameErr("unknown dtype %d", h.DType)
 	}
-	if h.Len < 0 || h.ShmOffset < 0 {
-		return frameErr("negative length %d or offset %d", h.Len, h.ShmOffset)
+	if h.Len < 0 || h.ShmOffset < 0 || h.ShmLen < 0 {
+		return frameErr("negative length %d, offset %d or shared length %d", h.Len, h.ShmOffset, h.ShmLen)
+	}
+	if h.ShmLen > maxPayload {
+		return fmt.Errorf("%w: shared range of %d bytes (at most %d)", ErrTooLarge, h.ShmLen, maxPayload)
 	}
 	if h.Len > maxPayload {
 		return fmt.Errorf("%w: payload of %d bytes (at most %d)", ErrTooLarge, h.Len, maxPayload)
@@ -210,8 +223,24 @@ func (h *Header) check(maxPayload int64) error {
 	if h.Kind == KindError && (h.Len != 0 || h.Flags != 0) {
 		return frameErr("error frame with a payload")
 	}
-	if h.Flags&FlagShm == 0 && h.ShmOffset != 0 {
-		return frameErr("shm offset without FlagShm")
+	switch h.Flags & (FlagShm | FlagShmReply | FlagInPlace) {
+	case 0, FlagInPlace:
+		if h.ShmOffset != 0 || h.ShmLen != 0 {
+			return frameErr("a shared range without FlagShm or FlagShmReply")
+		}
+		if h.Flags&FlagInPlace != 0 && h.Len == 0 {
+			return frameErr("an in-place answer of no bytes")
+		}
+	case FlagShm:
+		if h.Len == 0 || h.ShmLen != h.Len {
+			return frameErr("shared-memory payload of %d bytes, range of %d", h.Len, h.ShmLen)
+		}
+	case FlagShmReply:
+		if h.ShmLen == 0 {
+			return frameErr("an empty reply range")
+		}
+	default:
+		return frameErr("flags %#x combine shared-memory roles", uint16(h.Flags))
 	}
 	for _, f := range [...]string{h.Key.Salt, h.Key.Content, h.Key.Model, h.Key.Preprocess} {
 		if len(f) > MaxKeyField {
@@ -248,12 +277,13 @@ func AppendHeader(dst []byte, h *Header, maxPayload int64) ([]byte, error) {
 	dst = le.AppendUint32(dst, h.Cols)
 	dst = append(dst, byte(h.DType), 0)
 	dst = le.AppendUint16(dst, uint16(h.metaLen()))
+	dst = le.AppendUint64(dst, uint64(h.ShmLen))
 	dst = le.AppendUint32(dst, 0) // header sum, filled below
 	for _, s := range [...]string{h.Key.Salt, h.Key.Content, h.Key.Model, h.Key.Preprocess, h.Text} {
 		dst = le.AppendUint16(dst, uint16(len(s)))
 		dst = append(dst, s...)
 	}
-	le.PutUint32(dst[start+52:], headerSum(dst[start:]))
+	le.PutUint32(dst[start+60:], headerSum(dst[start:]))
 	return dst, nil
 }
 
@@ -262,7 +292,7 @@ func AppendHeader(dst []byte, h *Header, maxPayload int64) ([]byte, error) {
 func headerSum(b []byte) uint32 {
 	var fixed [HeaderSize]byte
 	copy(fixed[:], b[:HeaderSize])
-	clear(fixed[52:56])
+	clear(fixed[60:64])
 	h := xxh3.New()
 	h.Write(fixed[:])
 	h.Write(b[HeaderSize:])
@@ -282,9 +312,9 @@ func parseFixed(b []byte, h *Header, maxPayload int64) (metaLen int, err error) 
 		return 0, frameErr("version %d, this side speaks %d", b[4], Version)
 	}
 	le := binary.LittleEndian
-	n, off := le.Uint64(b[16:]), le.Uint64(b[32:])
-	if n > 1<<62 || off > 1<<62 {
-		return 0, frameErr("length %d or offset %d out of range", n, off)
+	n, off, shm := le.Uint64(b[16:]), le.Uint64(b[32:]), le.Uint64(b[52:])
+	if n > 1<<62 || off > 1<<62 || shm > 1<<62 {
+		return 0, frameErr("length %d, offset %d or shared length %d out of range", n, off, shm)
 	}
 	*h = Header{
 		Kind:      Kind(b[5]),
@@ -293,6 +323,7 @@ func parseFixed(b []byte, h *Header, maxPayload int64) (metaLen int, err error) 
 		Len:       int64(n),
 		Sum:       le.Uint64(b[24:]),
 		ShmOffset: int64(off),
+		ShmLen:    int64(shm),
 		Rows:      le.Uint32(b[40:]),
 		Cols:      le.Uint32(b[44:]),
 		DType:     DType(b[48]),
@@ -312,7 +343,7 @@ func parseFixed(b []byte, h *Header, maxPayload int64) (metaLen int, err error) 
 func parseMeta(fixed, meta []byte, h *Header, maxPayload int64) error {
 	var buf [HeaderSize + MaxMeta]byte
 	b := append(append(buf[:0], fixed[:HeaderSize]...), meta...)
-	if got, want := headerSum(b), binary.LittleEndian.Uint32(fixed[52:]); got != want {
+	if got, want := headerSum(b), binary.LittleEndian.Uint32(fixed[60:]); got != want {
 		return frameErr("header checksum %#08x, computed %#08x", want, got)
 	}
 	var fields [5]string

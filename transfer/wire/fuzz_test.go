@@ -18,12 +18,17 @@ func FuzzDecodeHeader(f *testing.F) {
 		{Kind: KindFeatures, RequestID: 1, Key: testKey, DType: DTypeBF16, Rows: 2, Cols: 3},
 		{Kind: KindEncode, RequestID: 1 << 40, Key: testKey, DType: DTypeF32, Rows: 3, Cols: 1, Text: "frames=8"},
 		{Kind: KindError, RequestID: 2, Text: "out of memory"},
-		{Kind: KindFeatures, Flags: FlagShm, ShmOffset: 4096, DType: DTypeU8, Rows: 1, Cols: 5},
+		{Kind: KindFeatures, Flags: FlagShm, ShmOffset: 4096, ShmLen: 5, DType: DTypeU8, Rows: 1, Cols: 5},
+		{Kind: KindEncode, Flags: FlagShmReply, ShmOffset: 8192, ShmLen: 1 << 20, DType: DTypeF32, Rows: 1, Cols: 2},
+		{Kind: KindFeatures, Flags: FlagInPlace, DType: DTypeBF16, Rows: 2, Cols: 2},
 	} {
 		payload := make([]byte, h.Rows*h.Cols*uint32(h.DType.Size()))
-		if h.Flags&FlagShm != 0 {
+		if h.Flags&(FlagShm|FlagInPlace) != 0 { // no payload in the stream
 			h.Len, h.Sum = int64(len(payload)), Checksum(payload)
-			b, _ := AppendHeader(nil, &h, DefaultMaxPayload)
+			b, err := AppendHeader(nil, &h, DefaultMaxPayload)
+			if err != nil {
+				f.Fatal(err)
+			}
 			f.Add(b)
 			continue
 		}
@@ -56,7 +61,7 @@ func FuzzDecodeHeader(f *testing.F) {
 			if err != nil {
 				return
 			}
-			if h.Flags&FlagShm != 0 {
+			if h.Flags&(FlagShm|FlagShmReply) != 0 {
 				t.Fatal("a shared-memory frame on a pipe, which carries no descriptor")
 			}
 			if err := c.ReadPayload(ctx, buf); err != nil && !errors.Is(err, ErrChecksum) {

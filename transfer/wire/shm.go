@@ -35,6 +35,7 @@ type peerFile struct {
 	cache *fileCache
 	dev   uint64
 	ino   uint64
+	write bool // mapped writable (a reply range), else read only
 	whole []byte
 	refs  int    // Mappings using it, under cache.mu
 	tick  uint64 // last use, for eviction, under cache.mu
@@ -67,12 +68,12 @@ type fileCache struct {
 }
 
 // get returns a mapping of the whole file behind fd (size bytes), holding a reference.
-func (c *fileCache) get(fd int, st *unix.Stat_t) (*peerFile, error) {
+func (c *fileCache) get(fd int, st *unix.Stat_t, write bool) (*peerFile, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.tick++
 	for _, f := range c.files {
-		if f.dev == st.Dev && f.ino == st.Ino && int64(len(f.whole)) == st.Size {
+		if f.dev == st.Dev && f.ino == st.Ino && f.write == write && int64(len(f.whole)) == st.Size {
 			f.refs++
 			f.tick = c.tick
 			return f, nil
@@ -83,11 +84,15 @@ func (c *fileCache) get(fd int, st *unix.Stat_t) (*peerFile, error) {
 	}
 	// The whole file, without MAP_POPULATE: populating would allocate every page of the peer's
 	// pool that it never touched. Pages fault in once per mapping as frames are read.
-	whole, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	prot := unix.PROT_READ
+	if write {
+		prot |= unix.PROT_WRITE
+	}
+	whole, err := unix.Mmap(fd, 0, int(st.Size), prot, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("wire: mmap of a %d-byte memfd: %w", st.Size, err)
 	}
-	f := &peerFile{cache: c, dev: st.Dev, ino: st.Ino, whole: whole, refs: 1, tick: c.tick}
+	f := &peerFile{cache: c, dev: st.Dev, ino: st.Ino, write: write, whole: whole, refs: 1, tick: c.tick}
 	if len(c.files) < maxPeerFiles {
 		c.files = append(c.files, f)
 	} else {
@@ -142,31 +147,52 @@ func (c *Conn) MapPayload() (*Mapping, error) {
 		return nil, errors.New("wire: MapPayload: no shared-memory payload pending")
 	}
 	c.left = false
-	fd := c.fd
-	c.fd = -1
-	defer unix.Close(fd)
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	m, err := c.mapRange(h.ShmOffset, h.Len, false)
 	if err != nil {
-		return nil, fmt.Errorf("%w: frame %d: descriptor is not a sealable memfd: %v", ErrFrame, h.RequestID, err)
+		return nil, err
 	}
-	if seals&requiredSeals != requiredSeals {
-		return nil, fmt.Errorf("%w: frame %d: memfd seals %#x lack F_SEAL_SHRINK|F_SEAL_SEAL", ErrFrame, h.RequestID, seals)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("wire: frame %d: fstat: %w", h.RequestID, err)
-	}
-	if h.ShmOffset > st.Size || h.Len > st.Size-h.ShmOffset {
-		return nil, fmt.Errorf("%w: frame %d: [%d, +%d) outside a memfd of %d bytes", ErrFrame, h.RequestID, h.ShmOffset, h.Len, st.Size)
-	}
-	f, err := c.files.get(fd, &st)
-	if err != nil {
-		return nil, fmt.Errorf("wire: frame %d: %w", h.RequestID, err)
-	}
-	m := &Mapping{f: f, b: f.whole[h.ShmOffset : h.ShmOffset+h.Len : h.ShmOffset+h.Len]}
 	if got := Checksum(m.b); got != h.Sum {
 		m.Close()
 		return nil, fmt.Errorf("%w: frame %d (item %q): %#016x, header says %#016x", ErrChecksum, h.RequestID, h.Key.Content, got, h.Sum)
 	}
 	return m, nil
+}
+
+// MapReply maps, writable, the range a FlagShmReply request named for its answer: the
+// requester's memory. The answerer writes the answer at its start and sends SendInPlace with
+// those bytes; it must not write past the answer nor after sending it.
+func (c *Conn) MapReply() (*Mapping, error) {
+	h := &c.cur
+	if h.Flags&FlagShmReply == 0 || c.fd < 0 {
+		return nil, errors.New("wire: MapReply: no reply range pending")
+	}
+	return c.mapRange(h.ShmOffset, h.ShmLen, true)
+}
+
+// mapRange maps [off, off+n) of the frame's memfd (taking and closing the descriptor) after
+// checking its seals and size.
+func (c *Conn) mapRange(off, n int64, write bool) (*Mapping, error) {
+	id := c.cur.RequestID
+	fd := c.fd
+	c.fd = -1
+	defer unix.Close(fd)
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: frame %d: descriptor is not a sealable memfd: %v", ErrFrame, id, err)
+	}
+	if seals&requiredSeals != requiredSeals {
+		return nil, fmt.Errorf("%w: frame %d: memfd seals %#x lack F_SEAL_SHRINK|F_SEAL_SEAL", ErrFrame, id, seals)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("wire: frame %d: fstat: %w", id, err)
+	}
+	if off > st.Size || n > st.Size-off {
+		return nil, fmt.Errorf("%w: frame %d: [%d, +%d) outside a memfd of %d bytes", ErrFrame, id, off, n, st.Size)
+	}
+	f, err := c.files.get(fd, &st, write)
+	if err != nil {
+		return nil, fmt.Errorf("wire: frame %d: %w", id, err)
+	}
+	return &Mapping{f: f, b: f.whole[off : off+n : off+n]}, nil
 }

@@ -10,7 +10,9 @@ import (
 
 // ReceiveInto reads the current frame's payload into an encoding job's buffer (memory the
 // receiving daemon admitted against its own feature budget) and settles the job: Complete with
-// the payload's length, or Fail on a checksum mismatch or a short buffer. This is how features
+// the payload's length, or Fail on a checksum mismatch or a short buffer. An in-place answer
+// (FlagInPlace: the peer wrote into the job's buffer, named by SendWithReply) is only checked.
+// This is how features
 // encoded elsewhere land in the requester's store: the job came from its own Admit when it
 // decided to encode remotely.
 func ReceiveInto(ctx context.Context, c *Conn, h *Header, job *features.Job) error {
@@ -37,6 +39,14 @@ func receive(ctx context.Context, c *Conn, h *Header, job *features.Job) error {
 		c.Discard(ctx)
 		return fmt.Errorf("wire: frame %d: %d bytes of features for a reservation of %d", h.RequestID, h.Len, len(buf))
 	}
+	if h.Flags&FlagInPlace != 0 {
+		// The peer wrote into this buffer (the request was SendWithReply with its range):
+		// nothing to read, only the checksum to check.
+		if got := Checksum(buf[:h.Len]); got != h.Sum {
+			return fmt.Errorf("%w: in-place answer %d (item %q): %#016x, header says %#016x", ErrChecksum, h.RequestID, h.Key.Content, got, h.Sum)
+		}
+		return nil
+	}
 	return c.ReadPayload(ctx, buf)
 }
 
@@ -46,8 +56,8 @@ func receive(ctx context.Context, c *Conn, h *Header, job *features.Job) error {
 // skips the payload too and is returned, so the stream stays usable and the caller can answer
 // with an error frame; nothing stays reserved.
 func Admit(ctx context.Context, c *Conn, h *Header, req *features.Request, mediaID string) (*features.Record, error) {
-	if h.Kind != KindFeatures {
-		return nil, fmt.Errorf("wire: frame %d is %v, not features", h.RequestID, h.Kind)
+	if h.Kind != KindFeatures || h.Flags&FlagInPlace != 0 {
+		return nil, fmt.Errorf("wire: frame %d is %v (flags %#x), not features to admit", h.RequestID, h.Kind, uint16(h.Flags))
 	}
 	rec, job, err := req.Admit(ctx, features.Item{Key: h.Key, MediaID: mediaID, Bytes: h.Len})
 	if err != nil {
