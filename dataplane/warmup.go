@@ -16,16 +16,19 @@ import (
 // Encode/prefill overlap: a request whose media must encode is routed while they encode
 // (lifecycle.go); meanwhile its worker can already prefill the text before the first item.
 // warmUp sends that worker a completion of those token ids with max_tokens 1, whose answer is
-// thrown away: stock vLLM's prefix cache then holds the prefix's full blocks (their hashes
-// cover only token ids, the cache salt and no media: vllm/v1/core/kv_cache_utils.py,
-// hash_block_tokens and generate_block_hash_extra_keys), and the request, when its features
-// are ready, prefills only the rest.
+// thrown away: stock vLLM's prefix cache then holds the prefix's full blocks, and the request,
+// when its features are ready, prefills only the rest. Their hashes are the same in both: a
+// full block's hash covers its parent's, its token ids and extra keys, and a block before the
+// first item has none but the cache salt (first block) and the LoRA name (vllm-project/vllm
+// vllm/v1/core/kv_cache_utils.py at 001cabc1: hash_block_tokens; generate_block_hash_extra_keys
+// adds an item's identifier only to the blocks its placeholder range overlaps).
 //
 // Sound for the in-process workers and the ec hand-off, whose requests' blocks are keyed by the
-// same token ids. Not for the embeds hand-off: there the request's blocks are keyed by its
-// prompt_embeds' bytes (embeds.go), so a token-id warm-up fills blocks it never reads, and a
-// prompt_embeds warm-up would send the prefix's rows a second time (hidden × 2 bytes a
-// token); skipped with reason "handoff". The tokens hand-off encodes nothing here (the engine
+// same token ids. Not for the embeds hand-off: there the request's blocks are keyed by the
+// SHA-256 of each block's prompt_embeds (the same file: _gen_prompt_embeds_extra_hash_keys;
+// embeds.go), so a token-id warm-up fills blocks it never reads; a prompt_embeds warm-up of the
+// prefix's text rows would hit, but sends those rows twice (hidden × 2 bytes a token, 32 MiB
+// for 4k tokens at 4,096 wide) and needs its own merge: skipped with reason "handoff". The tokens hand-off encodes nothing here (the engine
 // encodes and prefills itself): nothing to overlap.
 
 // WarmupOptions bound the prefix warm-ups. DefaultWarmupOptions has the defaults.
