@@ -14,7 +14,9 @@ FUZZTIME    ?= 30s
 
 SOAK_ARGS   ?=
 
-.PHONY: help build run test test-long bench soak cuda fuzz clean deps-build deps-test
+PEERS_ARGS  ?=
+
+.PHONY: help build run test test-long bench bench-peers soak cuda fuzz clean deps-build deps-test deps-peers
 
 help:
 	@echo "make build   build bin/dataplane (Go + the C kernels through cgo; needs only gcc)"
@@ -24,6 +26,9 @@ help:
 	@echo "make test-long  the fleet as processes on loopback: nats-server, two routers, two mock fleets,"
 	@echo "             bench load; kills and restarts (minutes; installs nats-server if missing)"
 	@echo "make bench   Go benchmarks (BENCH_PKGS, BENCH, BENCH_COUNT) summarised by benchstat, then every C bench_*"
+	@echo "make bench-peers  our benchmarks beside PyTorch, Pillow + torchvision, memcpy and a fasthttp"
+	@echo "             hello-world, alternating (3 rounds): one table to stdout and build/bench-peers.{md,json}"
+	@echo "             (PEERS_ARGS='-cases log-mel -rounds 5' to narrow; installs torch, torchvision, Pillow, OpenBLAS)"
 	@echo "make fuzz    every fuzz target for FUZZTIME each (default $(FUZZTIME))"
 	@echo "make soak    build, then 'dataplane bench chaos': serve under twelve hostile scenarios (<= 5 min),"
 	@echo "             one table, rows also in build/soak.json; fails when a row fails (SOAK_ARGS to add flags)"
@@ -111,6 +116,21 @@ bench: deps-test
 	cmake -S . -B $(BUILD) -DDATAPLANE_CUDA=AUTO
 	cmake --build $(BUILD) --parallel
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b || exit 1; done
+
+# The peers (bench/peers/*.py) run on Debian's python3 with torch, torchvision and Pillow;
+# torch gets OpenBLAS's pthread build through LD_LIBRARY_PATH (bench/peers sets it), never by
+# switching the machine's BLAS alternatives. Heavy, so not part of deps-test.
+deps-peers: deps-build
+	$(call need_py,torch,python3-torch)
+	$(call need_py,torchvision,python3-torchvision)
+	$(call need_py,PIL,python3-pil)
+	$(call need_file,/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0,libopenblas0-pthread)
+
+# Our benchmarks (compiled test binaries) beside their peers, alternating; the cases are
+# bench/peers/cases.go. Minutes; not part of `make test`.
+bench-peers: deps-peers
+	@mkdir -p $(BUILD)
+	$(GO) run ./bench/peers -out $(BUILD)/bench-peers $(PEERS_ARGS)
 
 # A real serve (and mock workers) as child processes under the scenarios of bench/chaos: body
 # floods, huge pictures, overload, stuck media, dead workers, SIGTERM, slow headers. Not part of

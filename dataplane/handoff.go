@@ -213,7 +213,7 @@ func (r *request) transferBytes() float64 {
 }
 
 // remote says whether a worker is reached over the network (the transfer cost applies).
-func remote(worker string) bool {
+func remoteWorker(worker string) bool {
 	return strings.HasPrefix(worker, "http://") || strings.HasPrefix(worker, "https://")
 }
 

@@ -32,6 +32,8 @@ type item struct {
 
 	rec *features.Record
 	job *features.Job
+	// held: admitted as a miss and not yet sent to an encoder (remote encoding routes first).
+	held bool
 }
 
 // itemError is a failure to prepare an item: the item's bytes or content are unusable (its

@@ -12,6 +12,7 @@ import (
 	"dataplane/dataplane/encoderpool"
 	"dataplane/dataplane/memory"
 	"dataplane/dataplane/openai"
+	"dataplane/dataplane/remote"
 	"dataplane/dataplane/sequence"
 	"dataplane/dataplane/worker"
 	"dataplane/features"
@@ -95,6 +96,8 @@ type request struct {
 	pm    *sequence.PositionMap
 	once  sync.Once
 	emb   *embedsPlan // the prompt_embeds blocks as routed (handoff embeds)
+	// remotes are the fleet's encoders the route weighed (remoteenc.go).
+	remotes []remote.Candidate
 	// routed is set once the router counts this request against a worker.
 	routed atomic.Bool
 }
@@ -116,8 +119,13 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 		return nil, fail(ErrInvalid, "cache_policy", "%v", err)
 	}
 	// --item-timeout covers the media's fetch, decode and encode: one deadline for every wait.
-	ictx, cancel := context.WithDeadline(ctx, r.start.Add(s.opts.ItemTimeout))
-	defer cancel()
+	// A text-only request has none of them, and no timer to make and stop.
+	ictx := ctx
+	if len(r.p.Media) > 0 {
+		var cancel context.CancelFunc
+		ictx, cancel = context.WithDeadline(ctx, r.start.Add(s.opts.ItemTimeout))
+		defer cancel()
+	}
 	if err := r.checkHandoff(); err != nil {
 		return nil, err
 	}
@@ -140,6 +148,10 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 	}
 	decision, err := r.route()
 	if err != nil {
+		r.failHeld(err)
+		return nil, err
+	}
+	if err := r.dispatch(ictx, &decision, r.priority()); err != nil {
 		return nil, err
 	}
 	r.warmUp(decision) // the text before the media prefills while they encode (warmup.go)
@@ -273,10 +285,7 @@ func (r *request) checkFits() error {
 func (r *request) admit(ctx context.Context) error {
 	s := r.s
 	width, es := s.models.Hidden, int64(s.models.DType.Size())
-	priority := encoderpool.Interactive
-	if r.p.Ext.Priority == "batch" {
-		priority = encoderpool.Batch
-	}
+	priority := r.priority()
 	for _, it := range r.items {
 		rec, job, err := r.fr.Admit(ctx, features.Item{Key: it.key, MediaID: it.id, Bytes: int64(it.tokens) * int64(width) * es})
 		if err != nil {
@@ -291,6 +300,10 @@ func (r *request) admit(ctx context.Context) error {
 			job.Fail(errors.New("evicted"))
 			return fail(ErrInvalid, it.src.Path, "uuid %q: its features are no longer cached; send the media with it", it.src.UUID)
 		}
+		if s.remote != nil && s.remote.o.Catalog.Len() > 0 { // the route chooses the encoder
+			it.held = true
+			continue
+		}
 		if err := s.shedEncode(ctx, it, job); err != nil {
 			return err
 		}
@@ -299,6 +312,14 @@ func (r *request) admit(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// priority is the encoder pool's priority for the request's items.
+func (r *request) priority() encoderpool.Priority {
+	if r.p.Ext.Priority == "batch" {
+		return encoderpool.Batch
+	}
+	return encoderpool.Interactive
 }
 
 // shedEncode refuses (503 with Retry-After) an item the encoders could not finish before its
@@ -428,16 +449,16 @@ func (r *request) route() (router.Decision, error) {
 	toks, rm := r.routeInput()
 	eta := time.Duration(0)
 	for _, it := range r.items {
-		if it.job != nil {
+		if it.job != nil && !it.held { // held ones: encoderOptions has the local ETA
 			eta = max(eta, s.pool.ETA(it.model, it.tokens))
 		}
 	}
 	sent := r.transferBytes()
 	// Cost terms are in blocks of prefill time (router.Options.PrefillSecondsPerToken).
-	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: s.router.BlocksIn(eta.Seconds())}
+	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: s.router.BlocksIn(eta.Seconds()), Encoders: r.encoderOptions()}
 	if len(r.items) > 0 && sent > 0 {
 		req.Transfer = func(w string) float64 {
-			if remote(w) {
+			if remoteWorker(w) {
 				return s.router.BlocksIn(sent / s.opts.TransferBytesPerSecond)
 			}
 			return 0 // in-process: the merged sequence is handed over in memory

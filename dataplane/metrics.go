@@ -22,6 +22,7 @@ type serviceMetrics struct {
 	queueWait    *prometheus.HistogramVec // modality: the oldest item's wait in a batch
 	batchErrors  *prometheus.CounterVec   // modality
 	mergeSeconds prometheus.Histogram
+	remoteItems  *prometheus.CounterVec // outcome: items sent to other daemons' encoders
 }
 
 func newServiceMetrics() *serviceMetrics {
@@ -43,12 +44,14 @@ func newServiceMetrics() *serviceMetrics {
 			Help: "Encoder batches that failed as a whole (then rerun item by item)."}, []string{"modality"}),
 		mergeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dataplane_merge_seconds",
 			Help: "Time to merge a request's text and media into its sequence.", Buckets: prometheus.ExponentialBuckets(1e-5, 4, 10)}),
+		remoteItems: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dataplane_remote_encode_items_total",
+			Help: "Media items sent to other daemons' encoders, by outcome: sent, fell_back (encoded here after the encoder failed or overran), failed."}, []string{"outcome"}),
 	}
 }
 
 func (m *serviceMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.ttft, m.items, m.encode, m.batchItems, m.batchSeconds,
-		m.queueWait, m.batchErrors, m.mergeSeconds}
+		m.queueWait, m.batchErrors, m.mergeSeconds, m.remoteItems}
 }
 
 func (m *serviceMetrics) item(mod sequence.Modality, hit bool) {

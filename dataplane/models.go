@@ -335,7 +335,7 @@ func (m *Models) loadTable(o ModelOptions, width int) error {
 		for i := range f {
 			f[i] = float32(r.NormFloat64() * scale)
 		}
-		data := make([]byte, len(f)*m.DType.Size())
+		data := tableBytes(len(f) * m.DType.Size())
 		if err := native.Convert(data, m.DType, native.AsBytes(f), native.F32); err != nil {
 			return err
 		}
@@ -369,12 +369,28 @@ func (m *Models) loadTable(o ModelOptions, width int) error {
 		return fmt.Errorf("%w: the embedding table %q is %d wide, the encoders give %d-wide features", ErrModels, t.Name, t.Shape[1], width)
 	}
 	// Copied out of the mapping in the merge dtype, so the file can close.
-	data := make([]byte, t.Shape[0]*width*m.DType.Size())
+	data := tableBytes(t.Shape[0] * width * m.DType.Size())
 	if err := native.Convert(data, m.DType, t.Data, dt); err != nil {
 		return err
 	}
 	m.Table = native.Matrix{Data: data, DType: m.DType, Rows: t.Shape[0], Cols: width}
 	return nil
+}
+
+// hugeTable is the table size from which it is kept in 2 MiB pages: past the caches, where text
+// rows gathered at random would otherwise cost a TLB miss and a page walk each 4 KiB.
+const hugeTable = 64 << 20
+
+// tableBytes allocates the embedding table: a large one in 2 MiB pages (native.MapPages, the
+// allocation BenchmarkMerge's table uses), kept for the life of the process (the daemon loads
+// its models once; slices of the table go to the merges), a small one in Go memory.
+func tableBytes(n int) []byte {
+	if n >= hugeTable {
+		if p, err := native.MapPages(n); err == nil {
+			return p.Data
+		}
+	}
+	return make([]byte, n)
 }
 
 // ForModality is the encoder and preset for a modality (video frames use the vision ones).

@@ -130,6 +130,7 @@ type Service struct {
 	memPlan memory.Plan
 	memory  *memory.Budget // nil: no accounting
 	handoff handoff
+	remote  *remoteState // nil: items are encoded here only (SetRemote)
 	warm    *warmups
 
 	mu      sync.Mutex

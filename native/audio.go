@@ -5,7 +5,10 @@ package native
 */
 import "C"
 
-import "unsafe"
+import (
+	"sync/atomic"
+	"unsafe"
+)
 
 // Whisper's STFT parameters (16 kHz, 25 ms window, 10 ms hop).
 const (
@@ -75,6 +78,23 @@ type LogMelInput struct {
 	ISA     ISA // zero value: the best variant here
 }
 
+// audioISA is the variant LogMel and Resample run for ISAAuto (ISAAuto: the best here).
+var audioISA atomic.Int32
+
+// SetAudioISA makes LogMel and Resample run variant isa where they are asked for ISAAuto, and
+// returns the previous setting. Variants differ in the last bits of a log-mel (sums are
+// reassociated), so this pins one variant's output: for files compared bit for bit across
+// machines (the preprocess command's pinned sums are the AVX2 variant's), or a fleet that wants
+// the same features from every node. An unsupported isa is an error at the next call.
+func SetAudioISA(isa ISA) ISA { return ISA(audioISA.Swap(int32(isa))) }
+
+func audioVariant(isa ISA) ISA {
+	if isa == ISAAuto {
+		return ISA(audioISA.Load())
+	}
+	return isa
+}
+
 // LogMel writes the [Mels, LogMelFrames(len(Samples)+Zeros)] spectrogram (frames contiguous) into
 // dst and returns the log10 maximum the clamp used. See dp_log_mel in dp_media.h.
 func LogMel(dst []float32, in LogMelInput) (float32, error) {
@@ -84,7 +104,7 @@ func LogMel(dst []float32, in LogMelInput) (float32, error) {
 	var msg msgBuf
 	var mx C.float
 	st := C.dp_log_mel(floatPtr(in.Samples), C.int64_t(len(in.Samples)), C.int64_t(in.Zeros), C.int32_t(in.Mels),
-		floatPtr(dst), C.int64_t(len(dst)), &mx, C.int32_t(threads(in.Threads)), in.ISA.c(), msg.ptr(), msg.len())
+		floatPtr(dst), C.int64_t(len(dst)), &mx, C.int32_t(threads(in.Threads)), audioVariant(in.ISA).c(), msg.ptr(), msg.len())
 	return float32(mx), errorOf("LogMel", st, &msg)
 }
 
@@ -105,7 +125,7 @@ func Resample(dst, src []float32, rateIn, rateOut int, isa ISA) error {
 	}
 	var msg msgBuf
 	st := C.dp_resample(floatPtr(src), C.int64_t(len(src)), C.int32_t(rateIn), C.int32_t(rateOut), floatPtr(dst),
-		C.int64_t(len(dst)), isa.c(), msg.ptr(), msg.len())
+		C.int64_t(len(dst)), audioVariant(isa).c(), msg.ptr(), msg.len())
 	return errorOf("Resample", st, &msg)
 }
 

@@ -32,4 +32,12 @@ int64_t dp_matrix_bytes(const dp_matrix *m);
  * its task run on the calling thread, so every task runs exactly once. */
 void dp_parallel_for(int32_t n_tasks, void (*fn)(void *ctx, int32_t i, int32_t n), void *ctx);
 
+/* dp_resize_window validates a resize job and gives the source window [x0, x1) x [y0, y1) it
+ * reads (win = {x0, y0, x1, y1}); dp_resize_region runs the job from a buffer holding only a
+ * window of the source (rw x rh at (rx, ry), packed) that contains it. (dp_resize.c) */
+struct dp_resize_job;
+dp_status dp_resize_window(const struct dp_resize_job *j, int32_t win[4], char *msg, size_t msg_len);
+dp_status dp_resize_region(const struct dp_resize_job *j, const uint8_t *reg, int32_t rx, int32_t ry, int32_t rw, int32_t rh,
+                           int32_t isa, char *msg, size_t msg_len);
+
 #endif /* DP_INTERNAL_H */

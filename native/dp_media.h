@@ -77,6 +77,15 @@ typedef struct dp_resize_job {
  */
 dp_status dp_resize(const dp_resize_job *job, int32_t isa, char *msg, size_t msg_len);
 
+/*
+ * dp_jpeg_resize decodes a JPEG (job->src_w x job->src_h, from dp_jpeg_header) and resizes it as
+ * dp_resize does, job->channels 3; job->src is not read. Only the source window the cropped
+ * output needs is decoded (columns through jpeg_crop_scanline, rows through
+ * jpeg_skip_scanlines), widened by one iMCU each side so that fancy upsampling sees what a full
+ * decode sees: the bytes are dp_jpeg_decode_rgb + dp_resize's. Errors as dp_jpeg_decode_rgb.
+ */
+dp_status dp_jpeg_resize(const void *data, size_t len, const dp_resize_job *job, int32_t isa, char *msg, size_t msg_len);
+
 /* ---- orientation and normalisation ---- */
 
 /*

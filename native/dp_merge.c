@@ -4,6 +4,10 @@
 
 #include "dp_internal.h"
 
+#if DP_X86
+#include <immintrin.h>
+#endif
+
 /* merged_row_of_text returns the merged-sequence row of the i-th text token (for messages). */
 static int64_t merged_row_of_text(const dp_merge_plan *p, int64_t i) {
 	int64_t row = i;
@@ -79,16 +83,35 @@ static dp_status validate(const dp_merge_plan *p, char *msg, size_t msg_len) {
  * table with 4 KiB pages (memcpy: ~18). */
 #define DP_PREFETCH_ROWS 2
 
+#ifndef DP_PREFETCH_SPAN
+#define DP_PREFETCH_SPAN 256
+#endif
 static inline void prefetch_row(const char *row, size_t bytes) {
 	for (size_t page = 0; page < bytes; page += 4096)
-		for (size_t line = 0; line < 256 && page + line < bytes; line += 64) __builtin_prefetch(row + page + line);
+		for (size_t line = 0; line < DP_PREFETCH_SPAN && page + line < bytes; line += 64) __builtin_prefetch(row + page + line);
 }
 
 typedef struct merge_job {
 	const dp_merge_plan *p;
 	dp_convert_fn text_fn; /* table dtype -> dst dtype */
 	int32_t isa;
+	int stream; /* copy text rows with stream_row */
 } merge_job;
+
+/* A destination far larger than the caches is written with non-temporal stores, as memcpy does
+ * for large copies: regular stores first read every destination line (read for ownership),
+ * a third more memory traffic for a gather. Rows are whole 64-byte lines at 64-byte offsets
+ * (checked in run_plan); the stores are fenced when a thread's rows are done. */
+#define DP_STREAM_MIN_BYTES (16 << 20)
+#if DP_X86
+__attribute__((target("avx2"))) static void stream_row(char *dst, const char *src, size_t bytes) {
+	for (size_t i = 0; i < bytes; i += 64) {
+		__m256i a = _mm256_loadu_si256((const __m256i *)(src + i)), b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
+		_mm256_stream_si256((__m256i *)(dst + i), a);
+		_mm256_stream_si256((__m256i *)(dst + i + 32), b);
+	}
+}
+#endif
 
 /* merge_rows writes dst rows [r0, r1). */
 static void merge_rows(const merge_job *j, int64_t r0, int64_t r1) {
@@ -122,9 +145,18 @@ static void merge_rows(const merge_job *j, int64_t r0, int64_t r1) {
 		if (text_end > r1) text_end = r1;
 		for (; r < text_end; r++, t++) {
 			if (r + DP_PREFETCH_ROWS < text_end) prefetch_row(table + (size_t)p->text_ids[t + DP_PREFETCH_ROWS] * table_row, table_row);
+#if DP_X86
+			if (j->stream) {
+				stream_row(dst + (size_t)r * dst_row, table + (size_t)p->text_ids[t] * table_row, dst_row);
+				continue;
+			}
+#endif
 			j->text_fn(dst + (size_t)r * dst_row, table + (size_t)p->text_ids[t] * table_row, d);
 		}
 	}
+#if DP_X86
+	if (j->stream) _mm_sfence();
+#endif
 }
 
 typedef struct split_job {
@@ -142,8 +174,11 @@ static dp_status run_plan(const dp_merge_plan *p, int32_t n_threads, int32_t isa
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "instruction set %d not supported here", isa);
 	dp_status st = validate(p, msg, msg_len);
 	if (st != DP_OK) return st;
-	merge_job job = {p, dp_converter(p->dst.dtype, p->table.dtype, v), v};
+	merge_job job = {p, dp_converter(p->dst.dtype, p->table.dtype, v), v, 0};
 	int64_t bytes = dp_matrix_bytes(&p->dst);
+	size_t row_bytes = (size_t)p->dst.cols * dp_dtype_size(p->dst.dtype);
+	job.stream = DP_X86 && v >= DP_ISA_AVX2 && p->dst.dtype == p->table.dtype && bytes >= DP_STREAM_MIN_BYTES &&
+	             row_bytes % 64 == 0 && (uintptr_t)p->dst.data % 64 == 0;
 	int64_t most = bytes / DP_MERGE_MIN_BYTES_PER_THREAD;
 	if (n_threads > most) n_threads = (int32_t)most;
 	if (n_threads > p->dst.rows) n_threads = (int32_t)p->dst.rows;

@@ -257,13 +257,121 @@ static void hpass_avx2_rgb(const uint8_t *src, size_t src_stride, size_t src_len
 	}
 	free(row);
 }
+
+/* ---- AVX-512 horizontal pass (AVX512-VBMI byte permutes), any channel count ----
+ *
+ * Output bytes are taken 16 at a time (o = i*ch + c for output pixel i, channel c). For each
+ * group the source bytes all its taps read lie in a 128-byte window from base[g] (checked when
+ * planning: a downscale wide enough to break this uses the AVX2/portable pass); for tap t one
+ * two-table byte permute (vpermt2b, zero-masked to every fourth byte) places the 16 source
+ * bytes straight into the low bytes of 16 int32 lanes, one vpmulld by the 16 weights, one add.
+ * Same integer sums in the same order as the portable pass, so the same bytes. */
+#define DP_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
+
+typedef struct hplan {
+	int32_t groups, taps, nout; /* 16-byte output groups, taps a group runs, output bytes a row */
+	int32_t *base;              /* [groups] first source byte of the group's window */
+	uint8_t *idx;               /* [groups][taps][64] permute indices (bytes 4j hold lane j's) */
+	int32_t *w;                 /* [groups][taps][16] weights, 0 past an output's taps */
+	size_t need;                /* bytes from a row's start the loads read */
+} hplan;
+
+static void hplan_free(hplan *p) {
+	free(p->base);
+	free(p->idx);
+	free(p->w);
+	memset(p, 0, sizeof *p);
+}
+
+/* hplan_init returns 0 when every group's taps fit its window (and memory was had). */
+static int hplan_init(hplan *p, const coeffs *cx, int32_t ch) {
+	memset(p, 0, sizeof *p);
+	p->nout = cx->n * ch;
+	p->groups = (p->nout + 15) / 16;
+	for (int32_t i = 0; i < cx->n; i++)
+		if (cx->taps[i] > p->taps) p->taps = cx->taps[i];
+	p->base = malloc((size_t)p->groups * sizeof(int32_t));
+	p->idx = calloc((size_t)p->groups * p->taps, 64);
+	p->w = calloc((size_t)p->groups * p->taps * 16, sizeof(int32_t));
+	if (!p->base || !p->idx || !p->w) goto fail;
+	for (int32_t g = 0; g < p->groups; g++) {
+		int32_t base = cx->lo[(16 * g) / ch] * ch;
+		p->base[g] = base;
+		if ((size_t)base + 128 > p->need) p->need = (size_t)base + 128;
+		for (int32_t j = 0; j < 16 && 16 * g + j < p->nout; j++) {
+			int32_t o = 16 * g + j, i = o / ch, c = o % ch;
+			const int32_t *k = cx->k + (size_t)i * cx->ksize;
+			for (int32_t t = 0; t < cx->taps[i]; t++) {
+				int32_t b = (cx->lo[i] + t) * ch + c - base;
+				if (b < 0 || b >= 128) goto fail;
+				p->idx[((size_t)g * p->taps + t) * 64 + 4 * j] = (uint8_t)b;
+				p->w[((size_t)g * p->taps + t) * 16 + j] = k[t];
+			}
+		}
+	}
+	return 0;
+fail:
+	hplan_free(p);
+	return -1;
+}
+
+DP_AVX512VBMI static void hpass_avx512_rows(const uint8_t *src, size_t src_stride, int32_t y0, int32_t y1, const hplan *p,
+                                            uint8_t *dst, size_t dst_stride) {
+	const __m512i half = _mm512_set1_epi32(1 << (PRECISION_BITS - 1)), zero = _mm512_setzero_si512();
+	const __mmask64 lanes = 0x1111111111111111ull;
+	const int32_t full = p->nout / 16, taps = p->taps;
+	const __mmask16 tail = (__mmask16)((1u << (p->nout % 16)) - 1);
+	for (int32_t y = y0; y < y1; y++) {
+		const uint8_t *in = src + (size_t)y * src_stride;
+		uint8_t *out = dst + (size_t)y * dst_stride;
+		for (int32_t g = 0; g < p->groups; g++) {
+			const uint8_t *q = in + p->base[g];
+			__m512i lo = _mm512_loadu_si512(q), hi = _mm512_loadu_si512(q + 64), acc = half;
+			const uint8_t *ix = p->idx + (size_t)g * taps * 64;
+			const int32_t *w = p->w + (size_t)g * taps * 16;
+			for (int32_t t = 0; t < taps; t++) {
+				__m512i px = _mm512_maskz_permutex2var_epi8(lanes, lo, _mm512_loadu_si512(ix + 64 * t), hi);
+				acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(px, _mm512_loadu_si512(w + 16 * t)));
+			}
+			__m512i v = _mm512_max_epi32(_mm512_srai_epi32(acc, PRECISION_BITS), zero);
+			if (g < full)
+				_mm_storeu_si128((__m128i *)(out + 16 * g), _mm512_cvtusepi32_epi8(v));
+			else
+				_mm512_mask_cvtusepi32_storeu_epi8(out + 16 * g, tail, v);
+		}
+	}
+}
+
+/* hpass_avx512 runs rows [0, rows); rows whose 128-byte loads would pass src_len are resized
+ * from a zero-padded copy. -1 (nothing written) when that copy cannot be allocated. */
+static int hpass_avx512(const uint8_t *src, size_t src_stride, size_t src_len, int32_t rows, const hplan *p, uint8_t *dst,
+                        size_t dst_stride) {
+	int32_t safe = rows;
+	while (safe > 0 && (size_t)(safe - 1) * src_stride + p->need > src_len) safe--;
+	uint8_t *row = NULL;
+	size_t n = p->need > src_stride ? p->need : src_stride;
+	if (safe < rows && (row = calloc(n, 1)) == NULL) return -1;
+	hpass_avx512_rows(src, src_stride, 0, safe, p, dst, dst_stride);
+	for (int32_t y = safe; y < rows; y++) {
+		memcpy(row, src + (size_t)y * src_stride, src_stride);
+		hpass_avx512_rows(row, src_stride, 0, 1, p, dst + (size_t)y * dst_stride, dst_stride);
+	}
+	free(row);
+	return 0;
+}
+
+static int avx512vbmi_usable(void) {
+	static int usable = -1;
+	if (usable < 0) usable = __builtin_cpu_supports("avx512vbmi") != 0;
+	return usable;
+}
 #endif
 
 /* ---- the resize ---- */
 
 static dp_status validate(const dp_resize_job *j, char *msg, size_t msg_len) {
 	if (j == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: null job");
-	if (j->src == NULL || j->dst == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: null src or dst");
+	if (j->dst == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: null dst");
 	if (j->channels < 1 || j->channels > 4) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: %d channels (1..4)", j->channels);
 	if (j->src_w < 1 || j->src_h < 1 || j->src_w > DP_IMAGE_MAX_SIDE || j->src_h > DP_IMAGE_MAX_SIDE)
 		return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: bad source size %dx%d", j->src_w, j->src_h);
@@ -278,13 +386,51 @@ static dp_status validate(const dp_resize_job *j, char *msg, size_t msg_len) {
 	return DP_OK;
 }
 
+/* The source window [x0, x1) x [y0, y1) a validated job reads: the taps of the cropped outputs
+ * (or the crop itself on an axis that is not resized). */
+static dp_status source_window(const dp_resize_job *j, int32_t win[4], char *msg, size_t msg_len) {
+	win[0] = j->crop_x, win[1] = j->crop_y, win[2] = j->crop_x + j->crop_w, win[3] = j->crop_y + j->crop_h;
+	for (int axis = 0; axis < 2; axis++) {
+		int32_t in = axis ? j->src_h : j->src_w, out = axis ? j->out_h : j->out_w;
+		int32_t first = axis ? j->crop_y : j->crop_x, n = axis ? j->crop_h : j->crop_w;
+		if (in == out) continue;
+		coeffs c;
+		dp_status st = coeffs_init(&c, in, out, first, n, j->filter, msg, msg_len);
+		if (st != DP_OK) return st;
+		win[axis] = c.lo[0];
+		win[axis + 2] = c.lo[0] + c.taps[0];
+		for (int32_t i = 1; i < n; i++)
+			if (c.lo[i] + c.taps[i] > win[axis + 2]) win[axis + 2] = c.lo[i] + c.taps[i];
+		coeffs_free(&c);
+	}
+	return DP_OK;
+}
+
+dp_status dp_resize_window(const dp_resize_job *j, int32_t win[4], char *msg, size_t msg_len) {
+	dp_status st = validate(j, msg, msg_len);
+	return st != DP_OK ? st : source_window(j, win, msg, msg_len);
+}
+
 dp_status dp_resize(const dp_resize_job *j, int32_t isa, char *msg, size_t msg_len) {
 	dp_status st = validate(j, msg, msg_len);
 	if (st != DP_OK) return st;
+	if (j->src == NULL) return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: null src");
+	return dp_resize_region(j, j->src, 0, 0, j->src_w, j->src_h, isa, msg, msg_len);
+}
+
+/* dp_resize_region is dp_resize reading the source from reg, which holds only the window
+ * [rx, rx + rw) x [ry, ry + rh) of the src_w x src_h image (packed, rw * channels bytes a row);
+ * the window must contain source_window's. j->src is not read. */
+dp_status dp_resize_region(const dp_resize_job *j, const uint8_t *reg, int32_t rx, int32_t ry, int32_t rw, int32_t rh,
+                           int32_t isa, char *msg, size_t msg_len) {
+	dp_status st = validate(j, msg, msg_len);
+	if (st != DP_OK) return st;
+	if (reg == NULL || rx < 0 || ry < 0 || rw < 1 || rh < 1 || rx > j->src_w - rw || ry > j->src_h - rh)
+		return dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: bad source region %dx%d at (%d, %d)", rw, rh, rx, ry);
 	int32_t v = dp_isa_resolve(isa);
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "resize: kernel variant %d not supported here", isa);
 	const int32_t ch = j->channels;
-	const size_t src_stride = (size_t)j->src_w * ch, out_stride = (size_t)j->crop_w * ch;
+	const size_t src_stride = (size_t)rw * ch, out_stride = (size_t)j->crop_w * ch;
 	int need_h = j->out_w != j->src_w, need_v = j->out_h != j->src_h;
 
 	coeffs cx = {0}, cy = {0};
@@ -292,15 +438,27 @@ dp_status dp_resize(const dp_resize_job *j, int32_t isa, char *msg, size_t msg_l
 	int32_t *wx = NULL;
 	if (need_h && (st = coeffs_init(&cx, j->src_w, j->out_w, j->crop_x, j->crop_w, j->filter, msg, msg_len)) != DP_OK) goto out;
 	if (need_v && (st = coeffs_init(&cy, j->src_h, j->out_h, j->crop_y, j->crop_h, j->filter, msg, msg_len)) != DP_OK) goto out;
+	/* Indices relative to the region, which must hold every tap. */
+	int32_t win[4] = {j->crop_x, j->crop_y, j->crop_x + j->crop_w, j->crop_y + j->crop_h};
+	if (need_h) {
+		win[0] = cx.lo[0], win[2] = 0;
+		for (int32_t i = 0; i < cx.n; i++) {
+			if (cx.lo[i] + cx.taps[i] > win[2]) win[2] = cx.lo[i] + cx.taps[i];
+			cx.lo[i] -= rx;
+		}
+	}
+	if (need_v) win[1] = cy.lo[0], win[3] = cy.lo[cy.n - 1] + cy.taps[cy.n - 1];
+	if (win[0] < rx || win[1] < ry || win[2] > rx + rw || win[3] > ry + rh) {
+		st = dp_fail(msg, msg_len, DP_ERR_INVALID, "resize: source region %dx%d at (%d, %d) misses the window [%d, %d) x [%d, %d)",
+		             rw, rh, rx, ry, win[0], win[2], win[1], win[3]);
+		goto out;
+	}
 
 	/* The source rows the vertical pass reads (or, without one, the rows cropped). */
-	int32_t y_first = j->crop_y, y_last = j->crop_y + j->crop_h;
-	if (need_v) {
-		y_first = cy.lo[0];
-		y_last = cy.lo[cy.n - 1] + cy.taps[cy.n - 1];
+	int32_t y_first = win[1], y_last = win[3];
+	if (need_v)
 		for (int32_t i = 0; i < cy.n; i++) cy.lo[i] -= y_first;
-	}
-	const uint8_t *vsrc = j->src + (size_t)y_first * src_stride + (size_t)j->crop_x * ch;
+	const uint8_t *vsrc = reg + (size_t)(y_first - ry) * src_stride + (size_t)(j->crop_x - rx) * ch;
 	size_t vstride = src_stride;
 	if (need_h) {
 		int32_t rows = y_last - y_first;
@@ -313,11 +471,18 @@ dp_status dp_resize(const dp_resize_job *j, int32_t isa, char *msg, size_t msg_l
 			}
 			hdst = tmp;
 		}
-		const uint8_t *hsrc = j->src + (size_t)y_first * src_stride;
+		const uint8_t *hsrc = reg + (size_t)(y_first - ry) * src_stride;
 #if DP_X86
 		int32_t groups = (cx.ksize + 3) / 4;
-		if (v >= DP_ISA_AVX2 && ch == 3 && (wx = malloc((size_t)cx.n * groups * 16 * sizeof(int32_t))) != NULL)
-			hpass_avx2_rgb(hsrc, src_stride, (size_t)(j->src_h - y_first) * src_stride, rows, &cx, wx, groups, hdst, out_stride);
+		hplan hp;
+		int done = 0;
+		if (v >= DP_ISA_AVX512 && avx512vbmi_usable() && hplan_init(&hp, &cx, ch) == 0) {
+			done = hpass_avx512(hsrc, src_stride, (size_t)(ry + rh - y_first) * src_stride, rows, &hp, hdst, out_stride) == 0;
+			hplan_free(&hp);
+		}
+		if (done) {
+		} else if (v >= DP_ISA_AVX2 && ch == 3 && (wx = malloc((size_t)cx.n * groups * 16 * sizeof(int32_t))) != NULL)
+			hpass_avx2_rgb(hsrc, src_stride, (size_t)(ry + rh - y_first) * src_stride, rows, &cx, wx, groups, hdst, out_stride);
 		else
 #endif
 			hpass_generic(hsrc, src_stride, rows, ch, &cx, hdst, out_stride);

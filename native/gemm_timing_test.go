@@ -8,7 +8,9 @@ import (
 )
 
 // GEMM benchmarks report GFLOP/s and x-peak: the share of the machine's FMA peak, measured by
-// FMAPeak on the same number of threads in the same run (goal >= 0.70).
+// FMAPeak with the widest ISA on the same number of threads in the same run (goal >= 0.8).
+// On a shared machine other processes only ever slow a run down, so x-peak is the best call's
+// rate over the best of several short peak measurements taken before and after the calls.
 
 var gemmShapes = []struct {
 	name    string
@@ -20,17 +22,24 @@ var gemmShapes = []struct {
 	{"whisper-base-fc1", 1500, 2048, 512}, // Whisper-base, 30 s
 }
 
-// measurePeak times FMAPeak for about 50 ms and returns flop/s.
+// measurePeak times FMAPeak in 20 slices of about 5 ms and returns the best rate in flop/s.
 func measurePeak(threads int, isa ISA) float64 {
-	iters := int64(1 << 20)
+	iters := int64(1 << 16)
 	for {
 		t0 := time.Now()
-		flops := FMAPeak(iters, threads, isa)
-		if d := time.Since(t0); d > 50*time.Millisecond {
-			return flops / d.Seconds()
+		FMAPeak(iters, threads, isa)
+		if time.Since(t0) > 5*time.Millisecond {
+			break
 		}
 		iters *= 2
 	}
+	best := 0.0
+	for range 20 {
+		t0 := time.Now()
+		flops := FMAPeak(iters, threads, isa)
+		best = max(best, flops/time.Since(t0).Seconds())
+	}
+	return best
 }
 
 func BenchmarkGEMM(b *testing.B) {
@@ -46,15 +55,20 @@ func BenchmarkGEMM(b *testing.B) {
 				opt := GEMMOptions{Threads: threads}
 				flops := 2 * float64(s.m) * float64(s.n) * float64(s.k)
 				peak := measurePeak(threads, ISAAuto)
+				fastest := time.Duration(1 << 62)
 				for b.Loop() {
+					t0 := time.Now()
 					if err := MulPacked(c, a, w, opt); err != nil {
 						b.Fatal(err)
 					}
+					fastest = min(fastest, time.Since(t0))
 				}
+				b.StopTimer()
+				peak = max(peak, measurePeak(threads, ISAAuto))
 				rate := flops * float64(b.N) / b.Elapsed().Seconds()
 				b.ReportMetric(rate/1e9, "GFLOP/s")
 				b.ReportMetric(peak/1e9, "peak-GFLOP/s")
-				b.ReportMetric(rate/peak, "x-peak")
+				b.ReportMetric(flops/fastest.Seconds()/peak, "x-peak")
 			})
 		}
 		w.Free()

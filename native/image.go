@@ -114,6 +114,34 @@ func Resize(j *ResizeJob) error {
 	return errorOf(op, st, &msg)
 }
 
+// JPEGResize decodes the JPEG data (j.SrcW x j.SrcH, from JPEGHeader; j.Channels 3, j.Src
+// unused) and resizes it as Resize does, decoding only the source window the crop needs (see
+// dp_jpeg_resize): the bytes DecodeJPEG + Resize give, without the full picture.
+func JPEGResize(data []byte, j *ResizeJob) error {
+	const op = "JPEGResize"
+	if j.SrcW < 1 || j.SrcH < 1 || j.SrcW > MaxImageSide || j.SrcH > MaxImageSide || j.Channels != 3 {
+		return invalid(op, "bad source %dx%dx%d (RGB)", j.SrcW, j.SrcH, j.Channels)
+	}
+	if j.Crop.W < 1 || j.Crop.H < 1 || j.Crop.W > MaxImageSide || j.Crop.H > MaxImageSide {
+		return invalid(op, "bad crop size %dx%d", j.Crop.W, j.Crop.H)
+	}
+	if len(j.Dst) < j.Crop.W*j.Crop.H*3 {
+		return invalid(op, "dst holds %d bytes, %dx%dx3 needs %d", len(j.Dst), j.Crop.W, j.Crop.H, j.Crop.W*j.Crop.H*3)
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	pin.Pin(unsafe.SliceData(j.Dst))
+	job := C.dp_resize_job{
+		src_w: C.int32_t(j.SrcW), src_h: C.int32_t(j.SrcH), channels: 3,
+		out_w: C.int32_t(j.OutW), out_h: C.int32_t(j.OutH),
+		crop_x: C.int32_t(j.Crop.X), crop_y: C.int32_t(j.Crop.Y), crop_w: C.int32_t(j.Crop.W), crop_h: C.int32_t(j.Crop.H),
+		dst: (*C.uint8_t)(dataPtr(j.Dst)), filter: C.int32_t(j.Filter),
+	}
+	var msg msgBuf
+	st := C.dp_jpeg_resize(cBytes(data), C.size_t(len(data)), &job, j.ISA.c(), msg.ptr(), msg.len())
+	return errorOf(op, st, &msg)
+}
+
 // Orient applies an EXIF orientation (1..8) to src (w x h, channels 1..4) into dst, as Pillow's
 // ImageOps.exif_transpose does; for 5..8 the result is h x w.
 func Orient(dst, src []byte, w, h, channels, orientation int) error {

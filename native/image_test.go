@@ -1,7 +1,11 @@
 package native
 
 import (
+	"bytes"
 	"fmt"
+	"image"
+	"image/jpeg"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -89,4 +93,76 @@ func TestImageKernelsRefuseBadInput(t *testing.T) {
 		err := Resize(&ResizeJob{Src: make([]byte, 12), SrcW: 2, SrcH: 2, Channels: 3, OutW: d, OutH: 1, Crop: Rect{W: 1, H: 1}, Dst: make([]byte, 3)})
 		f(err, ErrInvalid, fmt.Sprint(d))
 	}
+}
+
+// JPEGResize (only the window the crop needs decoded) against DecodeJPEG + Resize: the same
+// bytes for crops at the corners and centre, portrait and landscape, down- and upscaling, 4:2:0
+// colour and greyscale, every variant.
+func TestJPEGResizeMatchesFullDecode(t *testing.T) {
+	r := newRand(t)
+	for _, c := range []struct {
+		w, h, ow, oh int
+		gray         bool
+	}{
+		{1024, 768, 448, 336, false}, {517, 333, 347, 224, false}, {333, 517, 224, 347, false},
+		{300, 1000, 336, 1120, false}, {200, 150, 299, 224, true}, {61, 93, 37, 41, false},
+	} {
+		data := testJPEGBytes(t, r, c.w, c.h, c.gray)
+		full := make([]byte, 3*c.w*c.h)
+		require.NoError(t, DecodeJPEG(full, data, c.w, c.h))
+		cw, ch := min(c.ow, 224), min(c.oh, 224)
+		for _, crop := range []Rect{
+			{X: (c.ow - cw) / 2, Y: (c.oh - ch) / 2, W: cw, H: ch}, {W: cw, H: ch}, {X: c.ow - cw, Y: c.oh - ch, W: cw, H: ch},
+			{X: c.ow / 3, Y: c.oh / 4, W: 5, H: 3},
+		} {
+			for _, f := range []Filter{Bicubic, Bilinear} {
+				forEachISA(t, func(t *testing.T, isa ISA) {
+					job := ResizeJob{Src: full, SrcW: c.w, SrcH: c.h, Channels: 3, OutW: c.ow, OutH: c.oh, Crop: crop, Filter: f, ISA: isa}
+					want := make([]byte, 3*crop.W*crop.H)
+					job.Dst = want
+					require.NoError(t, Resize(&job))
+					got := make([]byte, len(want))
+					job.Src, job.Dst = nil, got
+					require.NoError(t, JPEGResize(data, &job))
+					require.Equal(t, want, got, "%dx%d -> %dx%d crop %+v %v", c.w, c.h, c.ow, c.oh, crop, f)
+				})
+			}
+		}
+	}
+	// A wrong size, a truncated stream and garbage are refused.
+	data := testJPEGBytes(t, r, 64, 48, false)
+	job := ResizeJob{SrcW: 64, SrcH: 48, Channels: 3, OutW: 32, OutH: 24, Crop: Rect{W: 32, H: 24}, Dst: make([]byte, 3*32*24)}
+	require.NoError(t, JPEGResize(data, &job))
+	job.SrcW = 65
+	require.Error(t, JPEGResize(data, &job))
+	job.SrcW = 64
+	require.Error(t, JPEGResize(data[:len(data)/2], &job))
+	require.Error(t, JPEGResize([]byte("not a jpeg"), &job))
+}
+
+// testJPEGBytes encodes a w x h picture of gradients and noise (chroma changing everywhere, so
+// that upsampling at a window's edge would show) with image/jpeg: 4:2:0, or greyscale.
+func testJPEGBytes(t *testing.T, r *rand.Rand, w, h int, gray bool) []byte {
+	noise := randomBytes(r, 3*w*h)
+	var m image.Image
+	if gray {
+		g := image.NewGray(image.Rect(0, 0, w, h))
+		for i := range g.Pix {
+			g.Pix[i] = byte(i%w*255/w)/2 + noise[i]/2
+		}
+		m = g
+	} else {
+		c := image.NewRGBA(image.Rect(0, 0, w, h))
+		for i := range w * h {
+			x, y := i%w, i/w
+			c.Pix[4*i] = byte(x*255/w)/2 + noise[3*i]/2
+			c.Pix[4*i+1] = byte(y*255/h)/2 + noise[3*i+1]/2
+			c.Pix[4*i+2] = noise[3*i+2]
+			c.Pix[4*i+3] = 255
+		}
+		m = c
+	}
+	var buf bytes.Buffer
+	require.NoError(t, jpeg.Encode(&buf, m, &jpeg.Options{Quality: 90}))
+	return buf.Bytes()
 }

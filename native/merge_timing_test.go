@@ -39,7 +39,14 @@ func repeat(s []int, n int) []int {
 
 func BenchmarkMerge(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
-	table := newMatrix(r, benchVocab, benchDim, F16)
+	// The table in the daemon's allocation (dataplane's loadTable): 2 MiB pages where THP allows.
+	pages, err := MapPages(benchVocab * benchDim * F16.Size())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pages.Unmap()
+	copy(pages.Data, randomBytes(r, len(pages.Data)))
+	table := Matrix{Data: pages.Data, DType: F16, Rows: benchVocab, Cols: benchDim}
 	for _, l := range benchLayouts {
 		in := buildMerge(r, l.segments, benchDim, 2, F16, []DType{F16}, F16)
 		for i := range in.TextIDs {

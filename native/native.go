@@ -7,7 +7,7 @@ package native
 
 /*
 #cgo CFLAGS: -std=gnu11 -O3 -Wall -Wextra
-#cgo LDFLAGS: -lpthread -lturbojpeg -lm
+#cgo LDFLAGS: -lpthread -lturbojpeg -ljpeg -lm
 #include "dp.h"
 */
 import "C"

@@ -226,6 +226,9 @@ func (r *Router) DecideDisagg(req Request, d *Decision) error {
 	if err != nil {
 		return err
 	}
+	if req.ReadyIn, err = r.chooseEncoder(req, d); err != nil {
+		return err
+	}
 	workers := *r.workers.Load()
 	o := &r.opts.Disagg
 	d.Prefill, d.Decode = "", ""
@@ -272,6 +275,7 @@ func (r *Router) DecideDisagg(req Request, d *Decision) error {
 		s := &d.PrefillScores[len(d.PrefillScores)-1]
 		r.scoreWorker(s, w, sc, req, total, now)
 		s.Cost = r.opts.OverlapWeight*(s.PrefillBlocks+s.EncodeWait) + s.Transfer
+		s.TTFT = (s.PrefillBlocks + s.EncodeWait + s.Transfer) * float64(r.opts.BlockSize) * r.opts.PrefillSecondsPerToken * 1e3
 		if s.Excluded = usable(w); s.Excluded != "" {
 			continue
 		}

@@ -230,6 +230,10 @@ type Request struct {
 	// Transfer, if set, is the cost of moving the request's features to a worker, in blocks of
 	// prefill time (Router.BlocksIn).
 	Transfer func(worker string) float64
+	// Encoders, if set, are the places the media can be encoded (joint routing, encoders.go):
+	// the decision takes the one whose features are ready first, names it (Decision.Encoder) and
+	// uses its ready time as ReadyIn.
+	Encoders []EncoderOption
 }
 
 // Decision is a routing answer and its explanation.
@@ -245,6 +249,9 @@ type Decision struct {
 	Decode        string          `json:"decode,omitempty"`
 	PrefillScores []WorkerScore   `json:"prefill_scores,omitempty"`
 	Topology      *TopologyChoice `json:"topology,omitempty"`
+	// With Request.Encoders: the encoder chosen and every option's terms.
+	Encoder  string          `json:"encoder,omitempty"`
+	Encoders []EncoderOption `json:"encoders,omitempty"`
 }
 
 // Score is the named worker's line in the explanation, or nil.
@@ -283,7 +290,11 @@ func (r *Router) Decide(req Request, d *Decision) error {
 	if err != nil {
 		return err
 	}
+	if req.ReadyIn, err = r.chooseEncoder(req, d); err != nil {
+		return err
+	}
 	workers := *r.workers.Load()
+	ttft := float64(r.opts.BlockSize) * r.opts.PrefillSecondsPerToken * 1e3 // ms per block
 	d.Scores = slices.Grow(d.Scores[:0], len(workers))[:len(workers)]
 	bs, isl, lastTier := r.opts.BlockSize, len(req.Tokens), r.opts.Index.Tiers-1
 	now := time.Now()
@@ -304,6 +315,7 @@ func (r *Router) Decide(req Request, d *Decision) error {
 			s.Transfer = req.Transfer(w.name)
 		}
 		s.Cost = r.opts.OverlapWeight*(s.PrefillBlocks+s.EncodeWait) + s.DecodeBlocks + s.Transfer
+		s.TTFT = (s.PrefillBlocks + s.EncodeWait + s.Transfer) * ttft
 		switch {
 		case !w.healthy.Load():
 			s.Excluded = "unhealthy"

@@ -155,6 +155,8 @@ func TestDecideAllocs(t *testing.T) {
 	}
 	f(Request{Tokens: prompt})
 	f(Request{Tokens: prompt, Media: []Media{{Hash: 7, Offset: 100, Length: 576}}, ReadyIn: 3, Transfer: transfer, Allow: []string{"a", "c"}})
+	f(Request{Tokens: prompt, Media: []Media{{Hash: 7, Offset: 100, Length: 576}}, Transfer: transfer,
+		Encoders: []EncoderOption{{Name: "local", Encode: 9}, {Name: "remote", Encode: 3, Return: 1}}})
 }
 
 func TestDecideFiltersAndTies(t *testing.T) {

@@ -35,6 +35,9 @@ type WorkerScore struct {
 	DecodeBlocks  float64 `json:"decode_blocks"`           // ActiveBlocks + NewBlocks
 	EncodeWait    float64 `json:"encode_wait,omitempty"`   // Request.ReadyIn beyond the prefill backlog, blocks
 	Transfer      float64 `json:"transfer,omitempty"`      // Request.Transfer, blocks
+	// TTFT is the predicted time to the first token there, ms: (PrefillBlocks + EncodeWait +
+	// Transfer) blocks of prefill time (a decode worker's, in two steps: the prefill worker's).
+	TTFT float64 `json:"ttft_ms,omitempty"`
 	// A disaggregated decision's (disagg.go): the worker's domain at the topology level, and on
 	// a decode worker the KV cache's move from the prefill worker (the soft cost's term, blocks)
 	// and the level that move crosses ("local": none of the QoS table's).

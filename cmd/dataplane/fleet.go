@@ -335,18 +335,20 @@ func parseLabels(s string) (map[string]string, error) {
 
 // announceDaemon announces serve in the fleet as an encoder (its media encoders, behind its
 // OpenAI API) until the returned stop, which withdraws it.
-func announceDaemon(ctx context.Context, n *natsClient, sf *serveFlags, labels map[string]string, addr net.Addr, model string, log *slog.Logger) (stop func()) {
-	name, endpoint := sf.fleetName, sf.advertise
+// Its transfer address and its encoders' calibrated costs (encodes, read at each heartbeat) let
+// other daemons send it items (remote encoding).
+func announceDaemon(ctx context.Context, n *natsClient, sf *serveFlags, labels map[string]string, addr net.Addr, model, transfer string, encodes func() []fleet.EncoderModel, log *slog.Logger) (stop func()) {
+	name, endpoint := daemonName(sf, addr), sf.advertise
 	if endpoint == "" {
 		endpoint = "http://" + addr.String()
 	}
-	if name == "" {
-		host, _ := os.Hostname()
-		_, port, _ := net.SplitHostPort(addr.String())
-		name = fleetToken("dataplane-" + host + "-" + port)
-	}
-	w := fleet.Worker{Name: name, Model: model, Role: fleet.Encoder, Endpoint: endpoint, Labels: labels, Started: time.Now().UTC()}
-	a := fleet.NewAnnouncer(n.js, sf.nats.bucket, func() []fleet.Worker { return []fleet.Worker{w} })
+	w := fleet.Worker{Name: name, Model: model, Role: fleet.Encoder, Endpoint: endpoint, Labels: labels, Started: time.Now().UTC(), Transfer: transfer}
+	a := fleet.NewAnnouncer(n.js, sf.nats.bucket, func() []fleet.Worker {
+		if transfer != "" {
+			w.Encodes = encodes()
+		}
+		return []fleet.Worker{w}
+	})
 	a.OnError = func(err error) { log.Warn("announce", "err", err) }
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -358,6 +360,16 @@ func announceDaemon(ctx context.Context, n *natsClient, sf *serveFlags, labels m
 	}()
 	log.Info("fleet", "nats", n.url, "name", name, "role", fleet.Encoder, "endpoint", endpoint, "bucket", sf.nats.bucket.Bucket)
 	return func() { cancel(); <-done }
+}
+
+// daemonName is the daemon's name in the fleet: --fleet-name, else dataplane-HOST-PORT.
+func daemonName(sf *serveFlags, addr net.Addr) string {
+	if sf.fleetName != "" {
+		return sf.fleetName
+	}
+	host, _ := os.Hostname()
+	_, port, _ := net.SplitHostPort(addr.String())
+	return fleetToken("dataplane-" + host + "-" + port)
 }
 
 // fleetToken makes s a worker name: characters other than A-Z a-z 0-9 _ - become -, at most

@@ -42,6 +42,8 @@ type serveFlags struct {
 	logLevel, cudaPlugin, dtype, workers, kvEvents, kvReplay, adminListen, handoff string
 	nats                                                                           natsConfig
 	fleetName, advertise, fleetModel                                               string
+	transferListen                                                                 string
+	remoteEncoding                                                                 bool
 	topo                                                                           workerTopology
 	rtopo                                                                          routerTopology
 	mockSpeedup                                                                    float64
@@ -116,6 +118,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	natsFlags(fs, &sf.nats, "embedded")
 	fs.StringVar(&sf.fleetName, "fleet-name", "", "this daemon's name in the fleet, where it is announced as an encoder (default: dataplane-HOST-PORT)")
 	fs.StringVar(&sf.advertise, "advertise", "", "the base URL announced for this daemon (default: http:// and the --listen address)")
+	fs.StringVar(&sf.transferListen, "transfer-listen", "", "HOST:PORT where other daemons send this one items to encode, over the feature transfer protocol (default: --listen's host, any port; none: do not offer); announced with --nats")
+	fs.BoolVar(&sf.remoteEncoding, "remote-encoding", true, "with --nats: send items to the fleet's other daemons' encoders when the router predicts they are done first")
 	workerTopologyFlags(fs, &sf.topo)
 	// Features and encoding.
 	so.Features.Host.Capacity = 0
@@ -272,7 +276,25 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			}
 			defer stopFleet()
 		}
-		stopAnnounce := announceDaemon(ctx, n, &sf, labels, ln.Addr(), m.Name, log)
+		transfer := ""
+		if sf.transferListen != "none" {
+			addr, stopOffer, err := offerEncoders(svc, srv.Registry(), sf.transferListen, ln.Addr().String(), sf.advertise, log)
+			if err != nil {
+				svc.Close(context.Background()) //nolint:errcheck
+				return err
+			}
+			defer stopOffer()
+			transfer = addr
+		}
+		if sf.remoteEncoding {
+			stopRemote, err := useRemoteEncoders(ctx, svc, n, &sf, daemonName(&sf, ln.Addr()), labels, log)
+			if err != nil {
+				svc.Close(context.Background()) //nolint:errcheck
+				return err
+			}
+			defer stopRemote()
+		}
+		stopAnnounce := announceDaemon(ctx, n, &sf, labels, ln.Addr(), m.Name, transfer, func() []fleet.EncoderModel { return encoderModels(svc) }, log)
 		defer stopAnnounce()
 	}
 	if m.Vision != nil {

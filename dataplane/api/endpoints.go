@@ -12,6 +12,7 @@ import (
 	"net/http/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -493,7 +494,9 @@ func (s *Server) generationError(ctx context.Context, ev worker.Event) *Error {
 
 // watchDisconnect cancels when the client closes its connection while the request is worked
 // on (fasthttp gives handlers no such signal): it peeks at the socket every 50 ms, which
-// consumes nothing a pipelined next request sends. The returned function stops it.
+// consumes nothing a pipelined next request sends. The returned function stops it. A timer,
+// not a goroutine: most requests end before it first fires, and then cost no goroutine start
+// and no wake-up (the text-only path's profile showed both).
 func watchDisconnect(conn net.Conn, cancel func()) func() {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -503,23 +506,41 @@ func watchDisconnect(conn net.Conn, cancel func()) func() {
 	if err != nil {
 		return func() {}
 	}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			if n, err := peekSocket(raw); n == 0 && err == nil { // an orderly shutdown: end of stream
-				cancel()
-				return
-			}
-		}
-	}()
-	return func() { close(stop); <-done }
+	w := &disconnectWatch{raw: raw, cancel: cancel}
+	w.mu.Lock() // the timer's function cannot run before w.t is set
+	defer w.mu.Unlock()
+	w.t = time.AfterFunc(disconnectPoll, w.check)
+	return w.stop
+}
+
+const disconnectPoll = 50 * time.Millisecond
+
+// disconnectWatch is one request's watch; mu keeps a check from running once stop returned.
+type disconnectWatch struct {
+	mu      sync.Mutex
+	t       *time.Timer
+	raw     syscall.RawConn
+	cancel  func()
+	stopped bool
+}
+
+func (w *disconnectWatch) check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	if n, err := peekSocket(w.raw); n == 0 && err == nil { // an orderly shutdown: end of stream
+		w.stopped = true
+		w.cancel()
+		return
+	}
+	w.t.Reset(disconnectPoll)
+}
+
+func (w *disconnectWatch) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	w.t.Stop()
 }

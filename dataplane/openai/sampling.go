@@ -433,7 +433,7 @@ func refuse(v any) error {
 	rv := reflect.ValueOf(v).Elem()
 	rt := rv.Type()
 	for i := range rt.NumField() {
-		raw := bytes.TrimSpace(rv.Field(i).Interface().(json.RawMessage))
+		raw := bytes.TrimSpace(rv.Field(i).Bytes()) // not Interface(): that copies each field to the heap
 		if len(raw) == 0 || string(raw) == "null" {
 			continue
 		}

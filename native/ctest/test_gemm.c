@@ -1,5 +1,6 @@
 /* test_gemm.c: the packed and per-call GEMM against a double-precision reference, for shapes
- * around every blocking edge, every kernel variant and several thread counts; and the
+ * around every blocking edge, every kernel variant and several thread counts; every variant
+ * of the LayerNorm, activation and softmax loops against the portable one (libm); and the
  * failure rules (statuses, no crash) for bad arguments and encoder configurations. */
 #include <math.h>
 #include <stdlib.h>
@@ -7,6 +8,7 @@
 #include <time.h>
 
 #include "../dp_encoder.h"
+#include "../dp_nn.h"
 #include "check.h"
 
 static float frand(void) { return (float)((double)(rng_next() >> 11) / (double)(1ull << 53) * 2.0 - 1.0); }
@@ -42,16 +44,45 @@ static int check_shape(int32_t isa, int64_t m, int64_t n, int64_t k, int32_t thr
 	return check_failures;
 }
 
+/* check_nn compares one variant of the dp_nn.h loops with the portable one on lengths around
+ * the vector widths, values up to +-scale (large ones reach exp's clamps). */
+static int check_nn(int32_t isa, int64_t n, float scale) {
+	float *x = malloc((size_t)n * 4), *want = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+	float *w = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+	for (int64_t i = 0; i < n; i++) x[i] = frand() * scale, w[i] = frand(), b[i] = frand();
+	for (int32_t act = DP_ACT_GELU; act <= DP_ACT_QUICK_GELU; act++) {
+		memcpy(want, x, (size_t)n * 4), memcpy(got, x, (size_t)n * 4);
+		dp_activate(want, n, act, DP_ISA_GENERIC), dp_activate(got, n, act, isa);
+		for (int64_t i = 0; i < n; i++)
+			CHECK(fabsf(got[i] - want[i]) <= 2e-6f * (1 + fabsf(want[i])), "isa %d act %d n %lld: f(%g) = %g, want %g", isa, act,
+			      (long long)n, x[i], got[i], want[i]);
+	}
+	memcpy(want, x, (size_t)n * 4), memcpy(got, x, (size_t)n * 4);
+	dp_softmax_rows(want, 1, n, n, 0.125f, DP_ISA_GENERIC), dp_softmax_rows(got, 1, n, n, 0.125f, isa);
+	for (int64_t i = 0; i < n; i++)
+		CHECK(fabsf(got[i] - want[i]) <= 1e-5f * want[i] + 1e-30f, "isa %d softmax n %lld at %lld: %g, want %g", isa, (long long)n,
+		      (long long)i, got[i], want[i]);
+	dp_layernorm(want, x, 1, n, w, b, 1e-5f, DP_ISA_GENERIC), dp_layernorm(got, x, 1, n, w, b, 1e-5f, isa);
+	for (int64_t i = 0; i < n; i++)
+		CHECK(fabsf(got[i] - want[i]) <= 1e-5f * (1 + fabsf(want[i])), "isa %d layernorm n %lld at %lld: %g, want %g", isa,
+		      (long long)n, (long long)i, got[i], want[i]);
+	free(x), free(want), free(got), free(w), free(b);
+	return check_failures;
+}
+
 int main(void) {
 	uint64_t seed = (uint64_t)time(NULL);
 	printf("gemm: random seed %llu\n", (unsigned long long)seed);
 	rng_state = seed;
-	const int64_t shapes[][3] = {{1, 1, 1}, {6, 16, 256}, {7, 17, 257}, {121, 33, 513}, {5, 200, 30}, {250, 40, 64}};
+	const int64_t shapes[][3] = {{1, 1, 1}, {6, 16, 256}, {7, 17, 257}, {121, 33, 513}, {5, 200, 30}, {250, 40, 64}, {12, 32, 256}, {25, 65, 40}};
 	for (int32_t isa = DP_ISA_GENERIC; isa < DP_ISA_COUNT; isa++) {
 		if (!dp_isa_supported(isa)) continue;
 		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
 			for (int32_t t = 1; t <= 3; t++)
 				if (check_shape(isa, shapes[s][0], shapes[s][1], shapes[s][2], t)) return check_failures;
+		const int64_t lens[] = {1, 7, 8, 15, 16, 17, 33, 197, 768, 1500};
+		for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
+			if (check_nn(isa, lens[i], 4) || check_nn(isa, lens[i], 120)) return check_failures;
 	}
 
 	/* Bad arguments are statuses. */

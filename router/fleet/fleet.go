@@ -10,6 +10,7 @@ package fleet
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -46,7 +47,21 @@ type Worker struct {
 	Labels    map[string]string `json:"labels,omitempty"`     // topology and anything else
 	Load      *Load             `json:"load,omitempty"`       // as of the heartbeat (fresher on the load subject)
 	Started   time.Time         `json:"started"`              // this incarnation's start
+	// An encoder's: where it takes encode requests over the feature transfer protocol
+	// ("tcp://host:port" or "unix:///path"), and what it encodes at what calibrated cost.
+	Transfer string         `json:"transfer,omitempty"`
+	Encodes  []EncoderModel `json:"encodes,omitempty"`
 }
+
+// EncoderModel is a model an encoder runs for a modality, and its cost per feature row.
+type EncoderModel struct {
+	Model           string  `json:"model"`
+	Modality        string  `json:"modality"`
+	SecondsPerToken float64 `json:"seconds_per_token"`
+}
+
+// MaxEncoderModels bounds an encoder's announced models.
+const MaxEncoderModels = 16
 
 // Load is a worker's load at a moment: the value published on <load prefix>.<worker> and the
 // announcement's load. Counts the worker does not know are -1 (a relay that cannot see them).
@@ -57,6 +72,8 @@ type Load struct {
 	PrefillTokens int64     `json:"prefill_tokens"` // prompt tokens not yet computed
 	KVBlocks      int64     `json:"kv_blocks"`      // KV cache size in blocks
 	At            time.Time `json:"at"`             // when it was measured (the worker's clock)
+	// An encoder's: seconds of encoding queued ahead of a new item (its least loaded worker's).
+	EncodeSeconds float64 `json:"encode_seconds,omitempty"`
 }
 
 // Bounds on an announcement, so a bad or hostile value cannot grow a router.
@@ -97,6 +114,15 @@ func (w *Worker) Check() error {
 		return fmt.Errorf("labels: %d, at most %d", len(w.Labels), MaxLabels)
 	case len(w.Endpoint) > 4096:
 		return fmt.Errorf("endpoint: %d bytes, at most 4096", len(w.Endpoint))
+	case len(w.Transfer) > 4096:
+		return fmt.Errorf("transfer: %d bytes, at most 4096", len(w.Transfer))
+	case len(w.Encodes) > MaxEncoderModels:
+		return fmt.Errorf("encodes: %d models, at most %d", len(w.Encodes), MaxEncoderModels)
+	}
+	for i, m := range w.Encodes {
+		if len(m.Model) > MaxLabelLen || len(m.Modality) > MaxLabelLen || !(m.SecondsPerToken >= 0) || math.IsInf(m.SecondsPerToken, 0) {
+			return fmt.Errorf("encodes[%d]: model and modality up to %d bytes, seconds_per_token finite and not negative", i, MaxLabelLen)
+		}
 	}
 	for k, v := range w.Labels {
 		if k == "" || len(k) > MaxLabelLen || len(v) > MaxLabelLen {
@@ -133,6 +159,9 @@ func ParseLoad(value []byte) (Load, error) {
 	}
 	if err := json.Unmarshal(value, &l); err != nil {
 		return l, fmt.Errorf("load report: %w", err)
+	}
+	if !(l.EncodeSeconds >= 0) || math.IsInf(l.EncodeSeconds, 0) {
+		return l, fmt.Errorf("load report: encode_seconds %v: want a finite number, not negative", l.EncodeSeconds)
 	}
 	return l, nil
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -23,8 +24,10 @@ import (
 
 // The API (the standalone `dataplane router`):
 //
-//	POST /v1/route      {"token_ids": [...], "media": [...], "salt", "lora", "allow": [...], "request_id"}
+//	POST /v1/route      {"token_ids": [...], "media": [...], "salt", "lora", "allow": [...], "request_id",
+//	                     "encoders": [{"name", "link", "queue_ms", "encode_ms", "return_ms"}]}
 //	                    → {"worker", "blocks", "tokens", "scores": [per worker: overlap, load, cost, ...]}
+//	                    and with encoders (joint routing, router/encoders.go) "encoder", "encoders".
 //	                    and, for a disaggregated fleet, "prefill", "decode" (= "worker"),
 //	                    "prefill_scores", "topology" (router/disagg.go).
 //	                    With a request_id the request is tracked against the chosen worker(s) until
@@ -44,6 +47,18 @@ type RouteRequest struct {
 	LoRA      string       `json:"lora,omitempty"`
 	Allow     []string     `json:"allow,omitempty"`
 	RequestID string       `json:"request_id,omitempty"`
+	// Encoders are where the media can be encoded (joint routing): times in milliseconds.
+	Encoders []RouteEncoder `json:"encoders,omitempty"`
+}
+
+// RouteEncoder is an encoder option of POST /v1/route: work queued there, this request's items
+// there and the features' move back, in milliseconds.
+type RouteEncoder struct {
+	Name     string  `json:"name"`
+	Link     string  `json:"link,omitempty"`
+	QueueMS  float64 `json:"queue_ms"`
+	EncodeMS float64 `json:"encode_ms"`
+	ReturnMS float64 `json:"return_ms"`
 }
 
 // RouteMedia is a media item: its hash (a number, or a string holding a decimal or 0x-hex
@@ -255,8 +270,21 @@ func (h *Handler) route(ctx *fasthttp.RequestCtx) {
 		}
 		media = append(media, mm)
 	}
+	if len(req.Encoders) > router.MaxEncoderOptions {
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", fmt.Sprintf("encoders: %d, at most %d", len(req.Encoders), router.MaxEncoderOptions))
+		return
+	}
+	encs := make([]router.EncoderOption, len(req.Encoders))
+	for i, e := range req.Encoders {
+		if !(e.QueueMS >= 0 && e.EncodeMS >= 0 && e.ReturnMS >= 0) || math.IsInf(e.QueueMS+e.EncodeMS+e.ReturnMS, 0) {
+			writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", fmt.Sprintf("encoders[%d]: queue_ms, encode_ms and return_ms must be finite and not negative", i))
+			return
+		}
+		encs[i] = router.EncoderOption{Name: e.Name, Link: e.Link, Queue: h.r.BlocksIn(e.QueueMS / 1e3),
+			Encode: h.r.BlocksIn(e.EncodeMS / 1e3), Return: h.r.BlocksIn(e.ReturnMS / 1e3)}
+	}
 	var d router.Decision
-	err := h.r.Route(router.Request{Tokens: req.TokenIDs, Media: media, LoRA: req.LoRA, Salt: req.Salt, Allow: req.Allow}, &d)
+	err := h.r.Route(router.Request{Tokens: req.TokenIDs, Media: media, LoRA: req.LoRA, Salt: req.Salt, Allow: req.Allow, Encoders: encs}, &d)
 	h.logDecision(req.RequestID, &d, err)
 	var bad *router.ErrBadMedia
 	var none *router.ErrNoWorker

@@ -132,6 +132,20 @@ func TestHTTPAPI(t *testing.T) {
 		require.Contains(t, out, m)
 	}
 	require.True(t, bytes.Contains([]byte(out), []byte("dataplane_router_route_duration_seconds_bucket")))
+
+	// Joint routing: encoder options in milliseconds become blocks of prefill (0.24 ms each by
+	// default); the earliest ready one is chosen and every option explained.
+	body = fmt.Sprintf(`{"token_ids": %s, "encoders": [{"name": "local", "link": "local", "queue_ms": 4.8, "encode_ms": 2.4},
+		{"name": "peer", "link": "rack", "queue_ms": 0, "encode_ms": 2.4, "return_ms": 0.48}]}`, ids)
+	code, out = call("POST", "/v1/route", body)
+	require.Equal(t, 200, code, out)
+	d = router.Decision{}
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	require.Equal(t, "peer", d.Encoder)
+	require.InDelta(t, 30, d.Encoders[0].Ready, 1e-9)
+	require.InDelta(t, 12, d.Encoders[1].Ready, 1e-9)
+	require.InDelta(t, 12, d.Score("w1").EncodeWait, 1e-9)
+	bad("POST", "/v1/route", `{"token_ids": [1], "encoders": [{"name": "x", "encode_ms": -1}]}`, 400, "encoders[0]")
 }
 
 // GET /debug/route explains the last decision or one by request id, and each decision is logged

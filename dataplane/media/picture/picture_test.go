@@ -54,6 +54,62 @@ func decodeFile(t testing.TB, path string, opts Options) (*Image, Info) {
 	return img, info
 }
 
+// The photo-like JPEG through CLIP-336, full decode (Apply) and window decode (ApplyBytes),
+// against Pillow + torchvision (testdata/gen_photo.py: sha256 of the 8-bit crop and of the f32
+// tensor).
+func TestCLIP336PhotoMatchesTorchvision(t *testing.T) {
+	raw, err := os.ReadFile("testdata/photo_refs.json")
+	require.NoError(t, err)
+	var ref struct {
+		JPEG    string `json:"jpeg_sha256"`
+		Resized [2]int
+		Crop    string `json:"crop_rgb_sha256"`
+		Tensor  string `json:"clip336_f32_sha256"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &ref))
+	data, err := os.ReadFile("testdata/photo_1024x768.jpg")
+	require.NoError(t, err)
+	require.Equal(t, ref.JPEG, sum(data), "photo_1024x768.jpg is not the one the references were computed from")
+	img, _, err := Decode(data, Options{})
+	require.NoError(t, err)
+	rw, rh, crop := CLIP336.clipCrop(img.W, img.H)
+	require.Equal(t, ref.Resized, [2]int{rw, rh})
+	rgb := make([]byte, 3*336*336)
+	require.NoError(t, native.Resize(&native.ResizeJob{Src: img.Pix, SrcW: img.W, SrcH: img.H, Channels: 3, OutW: rw, OutH: rh, Crop: crop, Dst: rgb, Filter: native.Bicubic}))
+	require.Equal(t, ref.Crop, sum(rgb), "8-bit crop")
+	out, err := CLIP336.Apply(img, native.F32)
+	require.NoError(t, err)
+	require.Equal(t, ref.Tensor, sum(out.PixelValues.Data), "Apply")
+	direct, _, err := CLIP336.ApplyBytes(data, native.F32, Options{})
+	require.NoError(t, err)
+	require.Equal(t, ref.Tensor, sum(direct.PixelValues.Data), "ApplyBytes")
+	require.Equal(t, out.PixelValues.Shape, direct.PixelValues.Shape)
+	require.Equal(t, out.Tokens, direct.Tokens)
+}
+
+// ApplyBytes gives Decode + Apply's tensors for every preset, orientation and format (the
+// window decode for upright JPEGs and CLIP, the full decode otherwise).
+func TestApplyBytesMatchesApply(t *testing.T) {
+	files := []string{fixtures.Path(t, "image_200x150.jpg"), fixtures.Path(t, "image_200x150.png"), "testdata/orient1.jpg", "testdata/orient6.jpg"}
+	for _, path := range files {
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for _, p := range []Preset{CLIP224, CLIP336, {Name: "clip-64-floor", Family: CLIP, Size: 64, CropFloor: true, Patch: 16, Filter: native.Bilinear, Mean: CLIPMean, Std: CLIPStd}, SigLIP384} {
+			for _, opts := range []Options{{}, {IgnoreOrientation: true}} {
+				img, _, err := Decode(data, opts)
+				require.NoError(t, err)
+				want, err := p.Apply(img, native.BF16)
+				require.NoError(t, err)
+				got, _, err := p.ApplyBytes(data, native.BF16, opts)
+				require.NoError(t, err)
+				require.Equal(t, want, got, "%s %s %+v", path, p.Name, opts)
+			}
+		}
+	}
+	_, _, err := CLIP336.ApplyBytes([]byte("\xff\xd8\xff garbage"), native.F32, Options{})
+	require.Error(t, err)
+}
+
 // openai/CLIP's preprocessing of the shared PNG at 64 and 224: bit for bit.
 func TestCLIPMatchesFixtures(t *testing.T) {
 	img, _ := decodeFile(t, fixtures.Path(t, "image_200x150.png"), Options{})

@@ -1,6 +1,7 @@
 package picture
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -243,12 +244,8 @@ func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
 	out := &Output{Tokens: tokens}
 	switch p.Family {
 	case CLIP:
-		rw, rh := ShortestSide(img.W, img.H, p.Size)
-		c := p.crop()
-		crop := native.Rect{X: roundHalfEven(float64(rw-c) / 2), Y: roundHalfEven(float64(rh-c) / 2), W: c, H: c}
-		if p.CropFloor {
-			crop.X, crop.Y = (rw-c)/2, (rh-c)/2
-		}
+		rw, rh, crop := p.clipCrop(img.W, img.H)
+		c := crop.W
 		data, err := p.resizeNormalize(img, rw, rh, crop, dtype, nil)
 		if err != nil {
 			return nil, err
@@ -288,6 +285,71 @@ func (p Preset) Apply(img *Image, dtype native.DType) (*Output, error) {
 		out.Grid = grid
 	}
 	return out, nil
+}
+
+// clipCrop is CLIP's resize of a w x h picture (shortest side to Size) and its centre crop.
+func (p Preset) clipCrop(w, h int) (rw, rh int, crop native.Rect) {
+	rw, rh = ShortestSide(w, h, p.Size)
+	c := p.crop()
+	crop = native.Rect{X: roundHalfEven(float64(rw-c) / 2), Y: roundHalfEven(float64(rh-c) / 2), W: c, H: c}
+	if p.CropFloor {
+		crop.X, crop.Y = (rw-c)/2, (rh-c)/2
+	}
+	return rw, rh, crop
+}
+
+// ApplyBytes is Decode + Apply from the encoded picture. For a CLIP preset and an upright JPEG
+// (orientation 1, or ignored) only the source window the crop reads is decoded
+// (native.JPEGResize: iMCU columns through jpeg_crop_scanline, rows through
+// jpeg_skip_scanlines) and resized straight from the decoder's rows: the same bytes, without the
+// full picture. Anything else decodes fully.
+func (p Preset) ApplyBytes(data []byte, dtype native.DType, opts Options) (*Output, Info, error) {
+	if err := p.check(); err != nil {
+		return nil, Info{}, err
+	}
+	info, err := DecodeConfig(data)
+	if err != nil {
+		return nil, info, err
+	}
+	if err := opts.Check(info); err != nil {
+		return nil, info, err
+	}
+	if p.Family != CLIP || info.Format != JPEG || !(opts.IgnoreOrientation || info.Orientation == 1) {
+		img, info, err := Decode(data, opts)
+		if err != nil {
+			return nil, info, err
+		}
+		out, err := p.Apply(img, dtype)
+		return out, info, err
+	}
+	info.W, info.H = info.StoredW, info.StoredH
+	if dtype.Size() == 0 {
+		return nil, info, errorf(ErrPreset, "preprocess", "", "unknown dtype %v", dtype)
+	}
+	tokens, err := p.Tokens(info.W, info.H)
+	if err != nil {
+		return nil, info, err
+	}
+	rw, rh, crop := p.clipCrop(info.W, info.H)
+	buf := scratch.Get().(*[]byte)
+	defer scratch.Put(buf)
+	if n := 3 * crop.W * crop.H; cap(*buf) < n {
+		*buf = make([]byte, n)
+	}
+	rgb := (*buf)[:3*crop.W*crop.H]
+	job := native.ResizeJob{SrcW: info.W, SrcH: info.H, Channels: 3, OutW: rw, OutH: rh, Crop: crop, Dst: rgb, Filter: p.Filter}
+	if err := native.JPEGResize(data, &job); err != nil {
+		kind := ErrCorrupt
+		if errors.Is(err, native.ErrUnsupported) {
+			kind = ErrUnsupported
+		}
+		return nil, info, errorf(kind, "decode", "jpeg", "%v", err)
+	}
+	dst := make([]byte, 3*crop.W*crop.H*dtype.Size())
+	if err := native.Normalize(dst, dtype, rgb, crop.W, crop.H, p.Mean, p.Std, p.divisor()); err != nil {
+		return nil, info, errorf(ErrPreset, "preprocess", "", "normalize: %v", err)
+	}
+	return &Output{PixelValues: tensor(dtype, dst, 1, 3, crop.H, crop.W), Tokens: tokens}, info, nil
 }
 
 // Resized resizes img to w x h with the preset's filter and writes it normalised as CHW dtype

@@ -1,0 +1,164 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"dataplane/dataplane/encoder"
+	"dataplane/features"
+	"dataplane/router/fleet"
+	"dataplane/transfer/wire"
+)
+
+func enc(name string, spt float64, models ...string) fleet.Worker {
+	w := fleet.Worker{Name: name, Role: fleet.Encoder, Transfer: "tcp://127.0.0.1:1"}
+	for _, m := range models {
+		w.Encodes = append(w.Encodes, fleet.EncoderModel{Model: m, Modality: "image", SecondsPerToken: spt})
+	}
+	return w
+}
+
+// Candidates: only encoders of the model, soonest done first; a report ages; work this daemon
+// sent counts until it is back; itself, non-encoders and encoders without an address are not in.
+func TestCatalog(t *testing.T) {
+	c := NewCatalog("me")
+	require.True(t, c.Join(enc("fast", 1e-3, "m")))
+	require.True(t, c.Join(enc("slow", 4e-3, "m")))
+	require.True(t, c.Join(enc("other", 1e-4, "n")))
+	require.False(t, c.Join(enc("me", 1e-4, "m")))
+	require.False(t, c.Join(fleet.Worker{Name: "llm", Role: fleet.Aggregated, Transfer: "tcp://x:1"}))
+	noAddr := enc("noaddr", 1e-4, "m")
+	noAddr.Transfer = ""
+	require.False(t, c.Join(noAddr))
+	require.Equal(t, 3, c.Len())
+
+	now := time.Now()
+	got := c.Candidates("m", "image", 1000, 8, now)
+	require.Len(t, got, 2)
+	require.Equal(t, "fast", got[0].Name)
+	require.Equal(t, time.Second, got[0].Encode)
+	require.Equal(t, 4*time.Second, got[1].Encode)
+	require.Empty(t, c.Candidates("m", "audio", 1000, 8, now))
+
+	// fast reports 5 s queued: slow (4 s) is first now; the report ages with time.
+	c.Report("fast", fleet.Load{EncodeSeconds: 5})
+	got = c.Candidates("m", "image", 1000, 8, time.Now())
+	require.Equal(t, "slow", got[0].Name)
+	got = c.Candidates("m", "image", 1000, 8, time.Now().Add(4500*time.Millisecond))
+	require.Equal(t, "fast", got[0].Name)
+	require.Less(t, got[0].Queue, time.Second)
+
+	// Work sent to slow counts until it is back.
+	done := c.Sent("slow", 3*time.Second)
+	got = c.Candidates("m", "image", 1000, 8, time.Now().Add(10*time.Second))
+	require.Equal(t, "fast", got[0].Name)
+	require.Equal(t, 3*time.Second, got[1].Queue)
+	done()
+	done() // once
+	got = c.Candidates("m", "image", 1000, 1, time.Now().Add(10*time.Second))
+	require.Len(t, got, 1)
+	require.Zero(t, got[0].Queue)
+
+	c.Leave("fast")
+	require.Equal(t, "slow", c.Candidates("m", "image", 1, 8, time.Now())[0].Name)
+}
+
+// fakeBackend encodes by writing a known pattern; it takes 4-float inputs.
+type fakeBackend struct{ calls atomic.Int64 }
+
+func (b *fakeBackend) InputFloats(it Item, frames int) (int, error) {
+	if it.Model != "m" {
+		return 0, errors.New("model " + it.Model)
+	}
+	return 4, nil
+}
+
+func (b *fakeBackend) Encode(_ context.Context, it Item, in []encoder.Input) ([]byte, func(), error) {
+	b.calls.Add(1)
+	out := make([]byte, it.Bytes())
+	for i := range out {
+		out[i] = byte(int(in[0].Data[0]) + i)
+	}
+	return out, func() {}, nil
+}
+
+func startServer(t *testing.T, b Backend) string {
+	srv := NewServer(b, ServerOptions{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go srv.Serve(ln) //nolint:errcheck // ends with Close
+	t.Cleanup(func() { srv.Close() })
+	return "tcp://" + ln.Addr().String()
+}
+
+// A round trip: two inputs out, the features in place; then refusals that keep the connection
+// (a wrong input size), a bad address, a buffer too small.
+func TestClientServer(t *testing.T) {
+	b := &fakeBackend{}
+	addr := startServer(t, b)
+	c := NewClient(ClientOptions{})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	it := Item{Key: features.Key{Content: "k", Model: "m"}, Model: "m", Modality: "image", Tokens: 3, Hidden: 2, DType: wire.DTypeBF16}
+	in := []encoder.Input{{Data: []float32{7, 0, 0, 0}}, {Data: []float32{1, 2, 3, 4}}}
+	dst := make([]byte, it.Bytes())
+	require.NoError(t, c.Encode(ctx, addr, it, in, dst))
+	for i := range dst {
+		require.Equal(t, byte(7+i), dst[i])
+	}
+	require.Equal(t, int64(1), b.calls.Load())
+
+	err := c.Encode(ctx, addr, it, []encoder.Input{{Data: []float32{1, 2, 3}}}, dst)
+	require.ErrorIs(t, err, wire.ErrRemote)
+	require.ErrorContains(t, err, "the encoder takes 4 f32 values")
+	bad := it
+	bad.Model = "x"
+	require.ErrorContains(t, c.Encode(ctx, addr, bad, in, dst), "model x")
+	require.NoError(t, c.Encode(ctx, addr, it, in, dst), "the connection is still in step")
+	require.Equal(t, int64(2), b.calls.Load())
+
+	require.ErrorIs(t, c.Encode(ctx, "http://x", it, in, dst), ErrAddress)
+	require.ErrorContains(t, c.Encode(ctx, addr, it, in, dst[:5]), "5 bytes for 3 features")
+	require.ErrorContains(t, c.Encode(ctx, addr, it, nil, dst), "0 inputs")
+}
+
+// Frames out of step (an item's second input missing, a meta that does not parse) make the
+// server say why and hang up: the client sees the reason.
+func TestServerOutOfStep(t *testing.T) {
+	addr := startServer(t, &fakeBackend{})
+	nc, err := net.Dial("tcp", strings.TrimPrefix(addr, "tcp://"))
+	require.NoError(t, err)
+	conn := wire.NewConn(nc, wire.Options{})
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m := meta{Model: "m", Modality: "image", Tokens: 1, Hidden: 1, DType: uint8(wire.DTypeF32), Inputs: 2}
+	payload := floats(encoder.Input{Data: []float32{1, 2, 3, 4}})
+	h := wire.Header{Kind: wire.KindEncode, RequestID: 9, DType: wire.DTypeF32, Rows: 1, Cols: 4, Text: m.text()}
+	require.NoError(t, conn.Send(ctx, h, payload))
+	h.RequestID = 10 // another request before the first one's second input
+	require.NoError(t, conn.Send(ctx, h, payload))
+	got, err := conn.Next(ctx)
+	require.NoError(t, err)
+	require.ErrorContains(t, got.Err(), "want input 1 of 2 of request 9")
+	_, err = conn.Next(ctx)
+	require.Error(t, err, "hung up")
+
+	nc, err = net.Dial("tcp", strings.TrimPrefix(addr, "tcp://"))
+	require.NoError(t, err)
+	conn = wire.NewConn(nc, wire.Options{})
+	defer conn.Close()
+	h.Text = "{not json"
+	require.NoError(t, conn.Send(ctx, h, payload))
+	got, err = conn.Next(ctx)
+	require.NoError(t, err)
+	require.ErrorContains(t, got.Err(), "encode frame text")
+}
