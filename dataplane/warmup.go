@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -49,6 +50,7 @@ var warmupSkips = []string{"reused", "handoff", "short", "cached", "busy", "clos
 // warmups sends them: a semaphore of InFlight slots, a context Close ends, their metrics.
 type warmups struct {
 	opts    WarmupOptions
+	log     *slog.Logger
 	sem     chan struct{}
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -60,7 +62,7 @@ type warmups struct {
 	skipped *prometheus.CounterVec
 }
 
-func newWarmups(opts WarmupOptions) *warmups {
+func newWarmups(opts WarmupOptions, log *slog.Logger) *warmups {
 	def := DefaultWarmupOptions()
 	if opts.InFlight <= 0 {
 		opts.InFlight = def.InFlight
@@ -68,7 +70,7 @@ func newWarmups(opts WarmupOptions) *warmups {
 	if opts.Timeout <= 0 {
 		opts.Timeout = def.Timeout
 	}
-	w := &warmups{opts: opts, sem: make(chan struct{}, opts.InFlight),
+	w := &warmups{opts: opts, log: log, sem: make(chan struct{}, opts.InFlight),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "dataplane_warmup_sent_total",
 			Help: "Prefix warm-ups sent to the chosen worker while a request's media encoded."}),
 		failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "dataplane_warmup_failed_total",
@@ -141,30 +143,37 @@ func (r *request) warmUp(d router.Decision) {
 	if e == nil {
 		return // gone since routing: the request will fail over, nothing to warm
 	}
+	req := &worker.Request{ID: r.id + "-warmup", TokenIDs: slices.Clone(r.pm.TextIDs[:n]),
+		Sampling: openai.Sampling{MaxTokens: 1}, CacheSalt: r.p.Ext.CacheSalt}
+	if why := w.send(e.w, req); why != "" {
+		w.skipped.WithLabelValues(why).Inc()
+	}
+}
+
+// send runs req on wk in the background if a slot is free: "" when it went, else why not
+// ("busy", "closing"). A failure is counted, and logged at debug level.
+func (w *warmups) send(wk worker.Worker, req *worker.Request) string {
 	select {
 	case w.sem <- struct{}{}:
 	default:
-		w.skipped.WithLabelValues("busy").Inc()
-		return
+		return "busy"
 	}
 	if !w.start() {
 		<-w.sem
-		w.skipped.WithLabelValues("closing").Inc()
-		return
+		return "closing"
 	}
-	req := &worker.Request{ID: r.id + "-warmup", TokenIDs: slices.Clone(r.pm.TextIDs[:n]),
-		Sampling: openai.Sampling{MaxTokens: 1}, CacheSalt: r.p.Ext.CacheSalt}
 	w.sent.Inc()
 	go func() {
 		defer w.wg.Done()
 		defer func() { <-w.sem }()
 		ctx, cancel := context.WithTimeout(w.ctx, w.opts.Timeout)
 		defer cancel()
-		if !drainWarmup(ctx, e.w, req) {
+		if !drainWarmup(ctx, wk, req) {
 			w.failed.Inc()
-			s.log.Debug("prefix warm-up failed", "request", r.id, "worker", name)
+			w.log.Debug("prefix warm-up failed", "request", req.ID)
 		}
 	}()
+	return ""
 }
 
 // drainWarmup runs one warm-up to its end, its output discarded; false if it failed.
