@@ -224,7 +224,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		s.memory, _ = memory.New(memory.Options{Capacity: s.memPlan.Requests, MaxWait: opts.MemoryWait}) // Requests > 0: no error
 	}
 	s.metrics = newServiceMetrics()
-	s.warm = newWarmups(opts.Warmup)
+	s.warm = newWarmups(opts.Warmup, opts.Log)
 	po := opts.Pool
 	po.Observe = s.metrics.observeBatch
 	s.pool = encoderpool.New(po)

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -16,16 +17,19 @@ import (
 // Encode/prefill overlap: a request whose media must encode is routed while they encode
 // (lifecycle.go); meanwhile its worker can already prefill the text before the first item.
 // warmUp sends that worker a completion of those token ids with max_tokens 1, whose answer is
-// thrown away: stock vLLM's prefix cache then holds the prefix's full blocks (their hashes
-// cover only token ids, the cache salt and no media: vllm/v1/core/kv_cache_utils.py,
-// hash_block_tokens and generate_block_hash_extra_keys), and the request, when its features
-// are ready, prefills only the rest.
+// thrown away: stock vLLM's prefix cache then holds the prefix's full blocks, and the request,
+// when its features are ready, prefills only the rest. Their hashes are the same in both: a
+// full block's hash covers its parent's, its token ids and extra keys, and a block before the
+// first item has none but the cache salt (first block) and the LoRA name (vllm-project/vllm
+// vllm/v1/core/kv_cache_utils.py at 001cabc1: hash_block_tokens; generate_block_hash_extra_keys
+// adds an item's identifier only to the blocks its placeholder range overlaps).
 //
 // Sound for the in-process workers and the ec hand-off, whose requests' blocks are keyed by the
-// same token ids. Not for the embeds hand-off: there the request's blocks are keyed by its
-// prompt_embeds' bytes (embeds.go), so a token-id warm-up fills blocks it never reads, and a
-// prompt_embeds warm-up would send the prefix's rows a second time (hidden × 2 bytes a
-// token); skipped with reason "handoff". The tokens hand-off encodes nothing here (the engine
+// same token ids. Not for the embeds hand-off: there the request's blocks are keyed by the
+// SHA-256 of each block's prompt_embeds (the same file: _gen_prompt_embeds_extra_hash_keys;
+// embeds.go), so a token-id warm-up fills blocks it never reads; a prompt_embeds warm-up of the
+// prefix's text rows would hit, but sends those rows twice (hidden × 2 bytes a token, 32 MiB
+// for 4k tokens at 4,096 wide) and needs its own merge: skipped with reason "handoff". The tokens hand-off encodes nothing here (the engine
 // encodes and prefills itself): nothing to overlap.
 
 // WarmupOptions bound the prefix warm-ups. DefaultWarmupOptions has the defaults.
@@ -46,6 +50,7 @@ var warmupSkips = []string{"reused", "handoff", "short", "cached", "busy", "clos
 // warmups sends them: a semaphore of InFlight slots, a context Close ends, their metrics.
 type warmups struct {
 	opts    WarmupOptions
+	log     *slog.Logger
 	sem     chan struct{}
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -57,7 +62,7 @@ type warmups struct {
 	skipped *prometheus.CounterVec
 }
 
-func newWarmups(opts WarmupOptions) *warmups {
+func newWarmups(opts WarmupOptions, log *slog.Logger) *warmups {
 	def := DefaultWarmupOptions()
 	if opts.InFlight <= 0 {
 		opts.InFlight = def.InFlight
@@ -65,7 +70,7 @@ func newWarmups(opts WarmupOptions) *warmups {
 	if opts.Timeout <= 0 {
 		opts.Timeout = def.Timeout
 	}
-	w := &warmups{opts: opts, sem: make(chan struct{}, opts.InFlight),
+	w := &warmups{opts: opts, log: log, sem: make(chan struct{}, opts.InFlight),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "dataplane_warmup_sent_total",
 			Help: "Prefix warm-ups sent to the chosen worker while a request's media encoded."}),
 		failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "dataplane_warmup_failed_total",
@@ -138,30 +143,37 @@ func (r *request) warmUp(d router.Decision) {
 	if e == nil {
 		return // gone since routing: the request will fail over, nothing to warm
 	}
+	req := &worker.Request{ID: r.id + "-warmup", TokenIDs: slices.Clone(r.pm.TextIDs[:n]),
+		Sampling: openai.Sampling{MaxTokens: 1}, CacheSalt: r.p.Ext.CacheSalt}
+	if why := w.send(e.w, req); why != "" {
+		w.skipped.WithLabelValues(why).Inc()
+	}
+}
+
+// send runs req on wk in the background if a slot is free: "" when it went, else why not
+// ("busy", "closing"). A failure is counted, and logged at debug level.
+func (w *warmups) send(wk worker.Worker, req *worker.Request) string {
 	select {
 	case w.sem <- struct{}{}:
 	default:
-		w.skipped.WithLabelValues("busy").Inc()
-		return
+		return "busy"
 	}
 	if !w.start() {
 		<-w.sem
-		w.skipped.WithLabelValues("closing").Inc()
-		return
+		return "closing"
 	}
-	req := &worker.Request{ID: r.id + "-warmup", TokenIDs: slices.Clone(r.pm.TextIDs[:n]),
-		Sampling: openai.Sampling{MaxTokens: 1}, CacheSalt: r.p.Ext.CacheSalt}
 	w.sent.Inc()
 	go func() {
 		defer w.wg.Done()
 		defer func() { <-w.sem }()
 		ctx, cancel := context.WithTimeout(w.ctx, w.opts.Timeout)
 		defer cancel()
-		if !drainWarmup(ctx, e.w, req) {
+		if !drainWarmup(ctx, wk, req) {
 			w.failed.Inc()
-			s.log.Debug("prefix warm-up failed", "request", r.id, "worker", name)
+			w.log.Debug("prefix warm-up failed", "request", req.ID)
 		}
 	}()
+	return ""
 }
 
 // drainWarmup runs one warm-up to its end, its output discarded; false if it failed.

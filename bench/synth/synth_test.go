@@ -323,6 +323,7 @@ func FuzzReadTrace(f *testing.F) {
 	f.Add([]byte(`{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`))
 	f.Add([]byte(`{"timestamp": 0, "input_length": 10, "hash_ids": [1], "media": [{"modality": "image", "id": "x", "offset": 0, "tokens": 6}]}` + "\n\n"))
 	f.Add([]byte("{}\n{\"timestamp\": 1e308}"))
+	f.Add([]byte(`{"timestamp": 0, "input_length": 10, "hash_ids": [1], "media": [{"modality": "video", "id": "v", "offset": 2, "tokens": 8, "frames": 30, "fps": 2.5}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		recs, err := ReadTrace(bytes.NewReader(data), DefaultLimits())
 		if err != nil {
