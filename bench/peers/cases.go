@@ -27,4 +27,8 @@ var cases = []Case{
 	{Name: "daemon text-only path, 32 clients", Threads: 0,
 		Pkg: "./cmd/dataplane", Bench: "^BenchmarkTextOnlyPath$", Benchtime: "1x", Metric: "req/s", Higher: true,
 		PeerName: "fasthttp hello-world, same client", PeerMetric: "hello-req/s", RatioMetric: "x-hello"},
+	// The same, as CPU time per request (client included), steadier on a shared machine.
+	{Name: "daemon text-only path, CPU per request", Threads: 0,
+		Pkg: "./cmd/dataplane", Bench: "^BenchmarkTextOnlyPath$", Benchtime: "1x", Metric: "cpu-us/req",
+		PeerName: "fasthttp hello-world, same client", PeerMetric: "hello-cpu-us/req", RatioMetric: "x-hello-cpu"},
 }
