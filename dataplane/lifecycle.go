@@ -449,7 +449,7 @@ func (r *request) route() (router.Decision, error) {
 	toks, rm := r.routeInput()
 	eta := time.Duration(0)
 	for _, it := range r.items {
-		if it.job != nil && !it.held { // held ones: encoderOptions has the local ETA
+		if it.job != nil { // with encoder options (joint routing) the chosen one's ready time replaces it
 			eta = max(eta, s.pool.ETA(it.model, it.tokens))
 		}
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"testing"
@@ -126,4 +127,37 @@ func testInputs(t *testing.T, d *testDaemon) []encoder.Input {
 		data[i] = float32(i%97) / 97
 	}
 	return []encoder.Input{{Data: data}}
+}
+
+// Encoders in the fleet that run another model are no option: the item is encoded here, and the
+// route still counts this daemon's encode time (the items were held back for a choice that did
+// not come).
+func TestRemoteEncodersOfAnotherModel(t *testing.T) {
+	b := startDaemon(t, nil)
+	srv, ann := peerEncoder(t, b, "daemon-b", 1e-6)
+	ann.Encodes[0].Model = "another-model"
+	a := startDaemon(t, func(o *dataplane.ServiceOptions) { o.Pool.SecondsPerToken = 0.05 })
+	cat := remote.NewCatalog("daemon-a")
+	require.True(t, cat.Join(ann))
+	client := remote.NewClient(remote.ClientOptions{})
+	t.Cleanup(client.Close)
+	a.svc.SetRemote(dataplane.RemoteOptions{Client: client, Catalog: cat})
+	code, out := a.post(t, "/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": []any{
+		map[string]any{"type": "text", "text": "What is in this picture?"},
+		map[string]any{"type": "image_url", "image_url": map[string]any{"url": dataURL(t, "image/png", "image_200x150.png")}},
+	}}}, "max_tokens": 2})
+	require.Equal(t, 200, code, "%v", out)
+	require.Zero(t, srv.Stats.Items.Load())
+	var last struct {
+		Decision struct {
+			Encoder string `json:"encoder"`
+			Scores  []struct {
+				EncodeWait float64 `json:"encode_wait"`
+			} `json:"scores"`
+		} `json:"decision"`
+	}
+	_, body := get(t, a.base+"/debug/route")
+	require.NoError(t, json.Unmarshal([]byte(body), &last))
+	require.Empty(t, last.Decision.Encoder)
+	require.Greater(t, last.Decision.Scores[0].EncodeWait, 0.0, "this daemon's encode time is in the cost")
 }
