@@ -162,3 +162,24 @@ func TestServerOutOfStep(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorContains(t, got.Err(), "encode frame text")
 }
+
+// FuzzEncodeMeta: an encode frame's text either parses into an item within the limits or is an
+// error; never a panic.
+func FuzzEncodeMeta(f *testing.F) {
+	f.Add(`{"model":"m","modality":"image","tokens":3,"hidden":2,"dtype":3,"input":0,"inputs":1,"left_ms":5}`)
+	f.Add(`{"model":"m","tokens":-1}`)
+	f.Add(`{"inputs":257,"input":300}`)
+	f.Add(`not json`)
+	s := &Server{}
+	f.Fuzz(func(t *testing.T, text string) {
+		var m meta
+		it, err := s.parse(&wire.Header{Text: text}, &m)
+		if err != nil {
+			return
+		}
+		if it.Tokens < 1 || it.Tokens > MaxTokens || it.Hidden < 1 || it.Hidden > MaxHidden || it.DType.Size() == 0 ||
+			m.Inputs < 1 || m.Inputs > MaxInputs || m.Input < 0 || m.Input >= m.Inputs || it.Bytes() <= 0 {
+			t.Fatalf("accepted %q: %+v %+v", text, it, m)
+		}
+	})
+}
