@@ -25,9 +25,9 @@ KTGT __attribute__((unused)) static inline VF KFN(log10)(VF x) {
  * last whole group are left to the caller. Returns the count done; *vmax holds their maximum. */
 KTGT __attribute__((unused)) static int64_t KFN(mel_frames)(const mel_job *j, int64_t f0, int64_t f1, float *vmax_out) {
 	enum { H = DP_WHISPER_N_FFT / 2, BINS = H + 1 };
-	float re[H * VW] __attribute__((aligned(32))), im[H * VW] __attribute__((aligned(32)));
-	float tr[H * VW] __attribute__((aligned(32))), ti[H * VW] __attribute__((aligned(32)));
-	float pw[BINS * VW] __attribute__((aligned(32)));
+	float re[H * VW] __attribute__((aligned(64))), im[H * VW] __attribute__((aligned(64)));
+	float tr[H * VW] __attribute__((aligned(64))), ti[H * VW] __attribute__((aligned(64)));
+	float pw[BINS * VW] __attribute__((aligned(64)));
 	const float *w = j->window, *x = j->x;
 	VF vmax = (VF){0} - INFINITY;
 	int64_t f = f0;
