@@ -163,6 +163,45 @@ typedef int32_t v8i __attribute__((vector_size(32), may_alias));
 #undef VMAX
 #undef I2F
 
+/* AVX-512: 16 frames a vector. load16 fills re/im ([200][16]: sample pair k of frame l at
+ * k*16 + l) from 16 frames starting hop samples apart at s0, windowed: blocks of 16 samples of
+ * the 16 frames are loaded as rows and transposed in registers (unpack ps, unpack pd, two
+ * 128-bit lane shuffles: column c ends in vector c), instead of 6,400 scalar stores. */
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw"))) static void load16_avx512(const float *s0, const float *w,
+                                                                                       float *re, float *im) {
+	for (int b = 0; b < DP_WHISPER_N_FFT / 16; b++) {
+		__m512 r[16], t[16];
+		for (int l = 0; l < 16; l++) r[l] = _mm512_loadu_ps(s0 + (size_t)l * DP_WHISPER_HOP + 16 * b);
+		for (int i = 0; i < 8; i++) {
+			t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+			t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+		}
+		for (int i = 0; i < 4; i++) {
+			__m512d a = _mm512_castps_pd(t[4 * i]), c = _mm512_castps_pd(t[4 * i + 2]);
+			__m512d a1 = _mm512_castps_pd(t[4 * i + 1]), c1 = _mm512_castps_pd(t[4 * i + 3]);
+			r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+			r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+			r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, c1));
+			r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, c1));
+		}
+		for (int i = 0; i < 2; i++)
+			for (int k = 0; k < 4; k++) {
+				t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
+				t[8 * i + 4 + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0xdd);
+			}
+		for (int k = 0; k < 8; k++) {
+			r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+			r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+		}
+		for (int c = 0; c < 16; c += 2) {
+			int n = 16 * b + c;
+			_mm512_store_ps(re + (size_t)(n / 2) * 16, _mm512_mul_ps(r[c], _mm512_set1_ps(w[n])));
+			_mm512_store_ps(im + (size_t)(n / 2) * 16, _mm512_mul_ps(r[c + 1], _mm512_set1_ps(w[n + 1])));
+		}
+	}
+}
+#define KLOAD(s0, w, re, im) load16_avx512((s0), (w), (re), (im))
+
 /* AVX-512: 16 frames a vector. */
 typedef float v16f __attribute__((vector_size(64), may_alias));
 typedef int32_t v16i __attribute__((vector_size(64), may_alias));
@@ -185,6 +224,7 @@ typedef int32_t v16i __attribute__((vector_size(64), may_alias));
 #undef KTGT
 #undef VMAX
 #undef I2F
+#undef KLOAD
 #endif
 
 /* Task i of n handles frames [i F / n, (i + 1) F / n), boundaries on multiples of 8. */

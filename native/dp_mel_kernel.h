@@ -32,6 +32,13 @@ KTGT __attribute__((unused)) static int64_t KFN(mel_frames)(const mel_job *j, in
 	VF vmax = (VF){0} - INFINITY;
 	int64_t f = f0;
 	for (; f + VW <= f1; f += VW) {
+#ifdef KLOAD
+		/* All VW frames inside the signal: a vector load of them (KLOAD: transposes in registers). */
+		int64_t first = f * DP_WHISPER_HOP - H, last = (f + VW - 1) * DP_WHISPER_HOP - H;
+		if (first >= 0 && last + DP_WHISPER_N_FFT <= j->n_samples)
+			KLOAD(x + first, w, re, im);
+		else
+#endif
 		for (int l = 0; l < VW; l++) {
 			int64_t base = (f + l) * DP_WHISPER_HOP - H;
 			if (base >= 0 && base + DP_WHISPER_N_FFT <= j->n_samples) {
