@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Peer for JPEG -> CLIP-336 tensor: what openai/CLIP's _transform does (Pillow open +
 convert("RGB"), torchvision Resize(336, BICUBIC) + CenterCrop(336) + ToTensor + Normalize with
-CLIP's mean/std), from the JPEG bytes in memory, on one thread.
+CLIP's mean/std), from the JPEG bytes in memory, on one thread. Source: openai/CLIP
+clip/clip.py `_transform` at 3bee28119e6b28e75b82b811b87b56935314e6a5 (it converts to RGB after
+the crop; for an RGB JPEG the order changes nothing).
 
     /usr/bin/python3 bench/peers/clip_preprocess.py --iters 200 [--image PATH]
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Peer for the Whisper log-mel spectrogram of 30 s: openai/whisper's log_mel_spectrogram
-(whisper/audio.py) as it computes it, with torch on one thread:
+(whisper/audio.py at 06dc24a5ad0895bc28a6e5f39f776045b3705784) as it computes it, with torch on
+one thread:
 
     stft = torch.stft(audio, 400, 160, window=torch.hann_window(400), return_complex=True)
     magnitudes = stft[..., :-1].abs() ** 2
