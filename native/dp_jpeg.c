@@ -121,7 +121,6 @@ dp_status dp_jpeg_resize(const void *data, size_t len, const dp_resize_job *job,
 	struct jpeg_progress_mgr progress = {.progress_monitor = limit_scans};
 	jerr e = {0};
 	uint8_t *volatile reg = NULL;
-	JSAMPROW volatile row = NULL;
 	d.err = jpeg_std_error(&e.pub);
 	e.pub.error_exit = jerr_exit;
 	e.pub.emit_message = jerr_message;
@@ -151,12 +150,12 @@ dp_status dp_jpeg_resize(const void *data, size_t len, const dp_resize_job *job,
 	if (x1 > job->src_w) x1 = job->src_w;
 	if (y1 > job->src_h) y1 = job->src_h;
 	JDIMENSION cx = (JDIMENSION)x0, cw = (JDIMENSION)(x1 - x0);
-	if (cw < d.output_width) jpeg_crop_scanline(&d, &cx, &cw); /* widens to iMCU columns */
-	/* Keep the margin-free window's columns [win[0] - mw, ...) clipped, as decoded from cx. */
-	int32_t rx = x0, rw = x1 - x0, ry = y0, rh = y1 - y0;
-	reg = malloc((size_t)rw * (size_t)rh * 3);
-	row = malloc((size_t)cw * 3);
-	if (reg == NULL || row == NULL) {
+	if (cw < d.output_width) jpeg_crop_scanline(&d, &cx, &cw); /* widens to whole iMCU columns */
+	/* The decoder's rows are the region: columns [cx, cx + cw), rows [y0, y1). */
+	int32_t rx = (int32_t)cx, rw = (int32_t)cw, ry = y0, rh = y1 - y0;
+	const size_t bytes = (size_t)rw * 3;
+	reg = malloc(bytes * (size_t)rh);
+	if (reg == NULL) {
 		st = dp_fail(msg, msg_len, DP_ERR_NOMEM, "jpeg resize: cannot allocate the %dx%d window", rw, rh);
 		goto out;
 	}
@@ -164,19 +163,20 @@ dp_status dp_jpeg_resize(const void *data, size_t len, const dp_resize_job *job,
 		st = dp_fail(msg, msg_len, DP_ERR_INVALID, "jpeg resize: cannot skip %d rows", y0);
 		goto out;
 	}
-	const size_t off = (size_t)(rx - (int32_t)cx) * 3, bytes = (size_t)rw * 3;
-	for (int32_t y = 0; y < rh; y++) {
-		JSAMPROW r = row;
-		if (jpeg_read_scanlines(&d, &r, 1) != 1) {
+	for (int32_t y = 0; y < rh;) {
+		JSAMPROW rows[16];
+		int32_t n = rh - y < 16 ? rh - y : 16;
+		for (int32_t i = 0; i < n; i++) rows[i] = reg + (size_t)(y + i) * bytes;
+		JDIMENSION got = jpeg_read_scanlines(&d, rows, (JDIMENSION)n);
+		if (got == 0) {
 			st = dp_fail(msg, msg_len, DP_ERR_INVALID, "jpeg resize: corrupt or truncated data: no row %d", y0 + y);
 			goto out;
 		}
-		memcpy(reg + (size_t)y * bytes, row + off, bytes);
+		y += (int32_t)got;
 	}
 	st = dp_resize_region(job, reg, rx, ry, rw, rh, isa, msg, msg_len);
 out:
 	jpeg_destroy_decompress(&d); /* also ends an unfinished decode (rows not read) */
 	free(reg);
-	free(row);
 	return st;
 }

@@ -25,13 +25,20 @@ KTGT __attribute__((unused)) static inline VF KFN(log10)(VF x) {
  * last whole group are left to the caller. Returns the count done; *vmax holds their maximum. */
 KTGT __attribute__((unused)) static int64_t KFN(mel_frames)(const mel_job *j, int64_t f0, int64_t f1, float *vmax_out) {
 	enum { H = DP_WHISPER_N_FFT / 2, BINS = H + 1 };
-	float re[H * VW] __attribute__((aligned(32))), im[H * VW] __attribute__((aligned(32)));
-	float tr[H * VW] __attribute__((aligned(32))), ti[H * VW] __attribute__((aligned(32)));
-	float pw[BINS * VW] __attribute__((aligned(32)));
+	float re[H * VW] __attribute__((aligned(64))), im[H * VW] __attribute__((aligned(64)));
+	float tr[H * VW] __attribute__((aligned(64))), ti[H * VW] __attribute__((aligned(64)));
+	float pw[BINS * VW] __attribute__((aligned(64)));
 	const float *w = j->window, *x = j->x;
 	VF vmax = (VF){0} - INFINITY;
 	int64_t f = f0;
 	for (; f + VW <= f1; f += VW) {
+#ifdef KLOAD
+		/* All VW frames inside the signal: a vector load of them (KLOAD: transposes in registers). */
+		int64_t first = f * DP_WHISPER_HOP - H, last = (f + VW - 1) * DP_WHISPER_HOP - H;
+		if (first >= 0 && last + DP_WHISPER_N_FFT <= j->n_samples)
+			KLOAD(x + first, w, re, im);
+		else
+#endif
 		for (int l = 0; l < VW; l++) {
 			int64_t base = (f + l) * DP_WHISPER_HOP - H;
 			if (base >= 0 && base + DP_WHISPER_N_FFT <= j->n_samples) {

@@ -78,14 +78,14 @@ static dp_status validate(const dp_merge_plan *p, char *msg, size_t msg_len) {
 }
 
 /* Table rows are read in token order, so they are scattered over a table far larger than the
- * caches and the TLB. Touching the first lines of each page of a row two rows ahead starts the
- * page walk and the hardware prefetcher early: gather goes from ~12 to ~15 GB/s on a 256 MiB
- * table with 4 KiB pages (memcpy: ~18). */
+ * caches and the TLB. Touching the first lines (DP_PREFETCH_SPAN bytes) of each 4 KiB of a row
+ * two rows ahead starts the page walk and the hardware prefetcher early: gather went from ~12 to
+ * ~15 GB/s on a 256 MiB table with 4 KiB pages (memcpy: ~18). With the table in 2 MiB pages
+ * (native.MapPages) and streaming stores, rows 2 ahead and 256 bytes a page still measured best
+ * (4, 8 rows ahead; 1 KiB, whole rows: no better, some worse; 2026-11-24). */
 #define DP_PREFETCH_ROWS 2
-
-#ifndef DP_PREFETCH_SPAN
 #define DP_PREFETCH_SPAN 256
-#endif
+
 static inline void prefetch_row(const char *row, size_t bytes) {
 	for (size_t page = 0; page < bytes; page += 4096)
 		for (size_t line = 0; line < DP_PREFETCH_SPAN && page + line < bytes; line += 64) __builtin_prefetch(row + page + line);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Peer for the Whisper log-mel spectrogram of 30 s: openai/whisper's log_mel_spectrogram
-(whisper/audio.py) as it computes it, with torch on one thread:
+(whisper/audio.py at 06dc24a5ad0895bc28a6e5f39f776045b3705784) as it computes it, with torch on
+one thread:
 
     stft = torch.stft(audio, 400, 160, window=torch.hann_window(400), return_complex=True)
     magnitudes = stft[..., :-1].abs() ** 2
@@ -16,7 +17,8 @@ BLAS alternatives:
 
     LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread /usr/bin/python3 bench/peers/logmel.py --iters 200
 
-Prints one JSON line on stdout ({"peer", "case", "ms_per_item", versions, "blas": the BLAS
+Prints one JSON line on stdout ({"peer", "case", "ms_per_item", "cpu_ms_per_item" (user + system
+CPU time of the process: steadier on a shared machine), versions, "blas": the BLAS
 library mapped into this process}); logs on stderr. --out writes the spectrogram (float32, [80,
 3000]) for an accuracy check against ours."""
 import argparse, json, math, os, sys, time
@@ -41,6 +43,10 @@ def main():
     ap.add_argument("--mels", type=int, default=80)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    # One thread means one for OpenBLAS and OpenMP too (torch.set_num_threads does not reach
+    # OpenBLAS's own pool); set before torch loads them.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ[var] = str(a.threads)
     import numpy as np
     import torch
 
@@ -66,16 +72,17 @@ def main():
 
     for _ in range(max(3, a.iters // 10)):
         one()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(a.iters):
         y = one()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert tuple(y.shape) == (a.mels, 3000), y.shape
     if a.out:
         y.numpy().astype("<f4").tofile(a.out)
     print(f"logmel: {a.iters} iters, {dt / a.iters * 1e3:.3f} ms/item", file=sys.stderr)
     print(json.dumps({
-        "peer": "torch.stft", "case": f"logmel-30s-{a.mels}", "ms_per_item": dt / a.iters * 1e3, "iters": a.iters,
+        "peer": "torch.stft", "case": f"logmel-30s-{a.mels}", "ms_per_item": dt / a.iters * 1e3,
+        "cpu_ms_per_item": cpu / a.iters * 1e3, "iters": a.iters,
         "threads": a.threads, "torch": torch.__version__, "numpy": np.__version__, "blas": loaded_blas(),
         "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
     }))

@@ -489,6 +489,13 @@ func FuzzDecode(f *testing.F) {
 		require.Equal(t, [2]int{info.W, info.H}, [2]int{img.W, img.H})
 		require.Len(t, img.Pix, 3*img.W*img.H)
 		require.LessOrEqual(t, img.W*img.H, 1<<20)
+		// The window decode of what decodes in full gives Apply's tensor. (The other way round
+		// it may succeed: rows below the window are never decoded, so damage there is unseen.)
+		want, err := CLIP224.Apply(img, native.F32)
+		require.NoError(t, err)
+		got, _, err := CLIP224.ApplyBytes(data, native.F32, Options{MaxPixels: 1 << 20})
+		require.NoError(t, err)
+		require.Equal(t, want, got)
 	})
 }
 

@@ -302,7 +302,8 @@ func (p Preset) clipCrop(w, h int) (rw, rh int, crop native.Rect) {
 // (orientation 1, or ignored) only the source window the crop reads is decoded
 // (native.JPEGResize: iMCU columns through jpeg_crop_scanline, rows through
 // jpeg_skip_scanlines) and resized straight from the decoder's rows: the same bytes, without the
-// full picture. Anything else decodes fully.
+// full picture (rows below the window are never decoded, so damage there goes unseen). Anything
+// else decodes fully.
 func (p Preset) ApplyBytes(data []byte, dtype native.DType, opts Options) (*Output, Info, error) {
 	if err := p.check(); err != nil {
 		return nil, Info{}, err
