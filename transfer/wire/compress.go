@@ -51,6 +51,16 @@ func (c Compress) String() string {
 // bytes).
 const compressMin = 4 << 10
 
+// A payload of probeMin bytes or more is first probed: its first probeLen bytes, shuffled as
+// the whole would be, through s2. Unless they shrink by an eighth, it goes raw without paying
+// for compressing the rest: f16 features (ratio ≤ 1.07 shuffled, README) would cost a full
+// compression for nothing (4–10× slower per frame on loopback), and no link is slow enough for
+// a ratio under 1.14 to pay (the README's rule).
+const (
+	probeMin = 256 << 10
+	probeLen = 64 << 10
+)
+
 // zstd coders are shared: EncodeAll and DecodeAll may run concurrently, each on one goroutine,
 // at most GOMAXPROCS at once.
 var (
@@ -78,6 +88,9 @@ func compress(c Compress, d DType, payload []byte) (out []byte, flag Flags, bufs
 	if c == CompressNone || len(payload) < compressMin {
 		return nil, 0, nil, false
 	}
+	if len(payload) >= probeMin && !worthIt(d, payload[:probeLen]) {
+		return nil, 0, nil, false
+	}
 	in := payload
 	if d.Size() == 2 {
 		tmp := scratch.get(len(payload))
@@ -98,6 +111,21 @@ func compress(c Compress, d DType, payload []byte) (out []byte, flag Flags, bufs
 		return nil, 0, nil, false
 	}
 	return out, flag, bufs, true
+}
+
+// worthIt says whether sample shrinks by an eighth under s2 (shuffled for 2-byte dtypes).
+func worthIt(d DType, sample []byte) bool {
+	src := sample
+	if d.Size() == 2 {
+		tmp := scratch.get(len(sample))
+		defer scratch.put(tmp)
+		shuffle16(tmp, sample)
+		src = tmp
+	}
+	zb := scratch.get(s2.MaxEncodedLen(len(src)))
+	defer scratch.put(zb)
+	z := s2.EncodeBetter(zb, src)
+	return len(z) > 0 && len(z) <= len(sample)-len(sample)/8
 }
 
 // errCorrupt wraps ErrChecksum: a compressed payload that does not decompress to Len bytes

@@ -44,7 +44,8 @@ func f16(v float32) uint16 {
 
 // TestCompressRoundTrip: each codec × dtype over TCP arrives byte for byte with its shape and
 // checksum, compressed (the receiver's header says so, CompressedLen < Len); a payload that
-// does not shrink (random bytes) and a small one go raw.
+// does not shrink (random bytes: the probe refuses a large one, the attempt a smaller one) and
+// a small one go raw.
 func TestCompressRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(7, 7))
@@ -60,7 +61,11 @@ func TestCompressRoundTrip(t *testing.T) {
 			h := Header{Kind: KindFeatures, RequestID: uint64(i), Key: testKey, DType: d, Rows: 577, Cols: 64}
 			frames = append(frames, frame{h, lowEntropy(r, d, 577, 64), map[Compress]Flags{CompressS2: FlagS2, CompressZstd: FlagZstd}[codec]})
 		}
+		zipped := frames[0].want
 		frames = append(frames,
+			// Past probeMin: the probe lets the grid through and stops random bytes.
+			frame{Header{Kind: KindFeatures, RequestID: 8, Key: testKey, DType: DTypeBF16, Rows: 1024, Cols: 256}, lowEntropy(r, DTypeBF16, 1024, 256), zipped},
+			frame{Header{Kind: KindFeatures, RequestID: 9, Key: testKey, DType: DTypeBF16, Rows: 1024, Cols: 256}, randBytes(r, 512<<10), 0},
 			frame{Header{Kind: KindEncode, RequestID: 10, Key: testKey, DType: DTypeBF16, Rows: 64, Cols: 512}, randBytes(r, 64<<10), 0},
 			frame{Header{Kind: KindFeatures, RequestID: 11, Key: testKey, DType: DTypeF16, Rows: 1, Cols: 64}, make([]byte, 128), 0})
 		go func() {
@@ -220,5 +225,17 @@ func TestCompressNotShm(t *testing.T) {
 	got := make([]byte, len(p))
 	if err := server.ReadPayload(ctx, got); err != nil || !bytes.Equal(got, p) {
 		t.Fatalf("shm payload: %v", err)
+	}
+}
+
+// TestProbe: the probe passes a sample that shrinks by an eighth and stops one that does not,
+// so a large frame that would not shrink costs no full compression.
+func TestProbe(t *testing.T) {
+	r := rand.New(rand.NewPCG(10, 10))
+	if !worthIt(DTypeBF16, lowEntropy(r, DTypeBF16, 128, 256)) {
+		t.Error("a compressible sample refused")
+	}
+	if worthIt(DTypeBF16, randBytes(r, probeLen)) {
+		t.Error("random bytes pass the probe")
 	}
 }
