@@ -285,11 +285,13 @@ func benchTransferCompressed(b *testing.B, h Header, payload []byte, link float6
 	}
 }
 
-// paced writes at most rate bytes per second: a link slower than loopback.
+// paced writes at most rate bytes per second: a link slower than loopback. Each 32 KiB chunk
+// waits until the link is done with the bytes before it, so a frame arrives no more than one
+// chunk's time early; oversleeping (a loaded machine) is made up by shorter waits after.
 type paced struct {
 	net.Conn
 	rate float64
-	next time.Time
+	next time.Time // when the link is free again
 }
 
 func (p *paced) Write(b []byte) (int, error) {
@@ -298,14 +300,13 @@ func (p *paced) Write(b []byte) (int, error) {
 	}
 	n := 0
 	for n < len(b) {
-		w, err := p.Conn.Write(b[n:min(len(b), n+256<<10)])
+		time.Sleep(time.Until(p.next))
+		w, err := p.Conn.Write(b[n:min(len(b), n+32<<10)])
 		n += w
 		if err != nil {
 			return n, err
 		}
-		// Oversleeping (a loaded machine) is made up by the next chunk's shorter sleep.
 		p.next = p.next.Add(time.Duration(float64(w) / p.rate * 1e9))
-		time.Sleep(time.Until(p.next))
 	}
 	return n, nil
 }
