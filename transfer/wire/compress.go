@@ -85,8 +85,8 @@ var (
 // compress encodes payload for a frame of dtype d into scratch taken from the pool; ok is
 // false when it does not shrink (send it raw). The caller puts bufs back once written.
 func compress(c Compress, d DType, payload []byte) (out []byte, flag Flags, bufs [][]byte, ok bool) {
-	if c == CompressNone || len(payload) < compressMin {
-		return nil, 0, nil, false
+	if c == CompressNone || len(payload) < compressMin || s2.MaxEncodedLen(len(payload)) < 0 {
+		return nil, 0, nil, false // too small to pay, or too large for an s2 block
 	}
 	if len(payload) >= probeMin && !worthIt(d, payload[:probeLen]) {
 		return nil, 0, nil, false

@@ -239,3 +239,42 @@ func TestProbe(t *testing.T) {
 		t.Error("random bytes pass the probe")
 	}
 }
+
+// TestCompressConcurrent: senders compressing on their own goroutines share the zstd coder and
+// the scratch pool; every frame arrives whole and in its sender's order.
+func TestCompressConcurrent(t *testing.T) {
+	ctx := context.Background()
+	client, server := pair(t, "tcp", Options{Compress: CompressZstd})
+	const senders, each = 4, 6
+	payloads := make([][]byte, senders)
+	for g := range payloads {
+		payloads[g] = lowEntropy(rand.New(rand.NewPCG(uint64(g), 11)), DTypeBF16, 256, 256)
+	}
+	for g := range senders {
+		go func() {
+			for i := range each {
+				h := Header{Kind: KindFeatures, RequestID: uint64(g*100 + i), Key: testKey, DType: DTypeBF16, Rows: 256, Cols: 256}
+				if err := client.Send(ctx, h, payloads[g]); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	next := make([]int, senders)
+	got := make([]byte, 256*256*2)
+	for range senders * each {
+		h, err := server.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, i := int(h.RequestID/100), int(h.RequestID%100)
+		if h.Flags != FlagZstd || next[g] != i {
+			t.Fatalf("frame %d of sender %d: flags %#x, want frame %d", i, g, h.Flags, next[g])
+		}
+		next[g]++
+		if err := server.ReadPayload(ctx, got); err != nil || !bytes.Equal(got, payloads[g]) {
+			t.Fatalf("frame %d of sender %d: %v", i, g, err)
+		}
+	}
+}
