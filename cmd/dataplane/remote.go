@@ -21,8 +21,9 @@ import (
 
 // offerEncoders serves this daemon's encoders to the fleet over the transfer protocol on
 // --transfer-listen (default: --listen's host, any port) and returns the address to announce
-// (tcp://, with --advertise's host when given) and the stop.
-func offerEncoders(svc *dataplane.Service, reg prometheus.Registerer, listen, httpAddr, advertise string, log *slog.Logger) (string, func(), error) {
+// (tcp://, with --advertise's host when given) and the stop. Features go back compressed
+// with compress (--transfer-compress).
+func offerEncoders(svc *dataplane.Service, reg prometheus.Registerer, listen, httpAddr, advertise string, compress wire.Compress, log *slog.Logger) (string, func(), error) {
 	if listen == "" {
 		host, _, err := net.SplitHostPort(httpAddr)
 		if err != nil {
@@ -43,7 +44,7 @@ func offerEncoders(svc *dataplane.Service, reg prometheus.Registerer, listen, ht
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1" // a wildcard listener: announce loopback unless --advertise names a host
 	}
-	srv := remote.NewServer(svc.PeerBackend(), remote.ServerOptions{})
+	srv := remote.NewServer(svc.PeerBackend(), remote.ServerOptions{Wire: wire.Options{Compress: compress}})
 	if err := reg.Register(srv.Collector()); err != nil {
 		ln.Close()
 		return "", nil, err
@@ -100,7 +101,7 @@ func useRemoteEncoders(ctx context.Context, svc *dataplane.Service, n *natsClien
 		return nil, err
 	}
 	cat := remote.NewCatalog(self)
-	client := remote.NewClient(remote.ClientOptions{})
+	client := remote.NewClient(remote.ClientOptions{Wire: wire.Options{Compress: sf.transferCompress}})
 	ctx, stopAll := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	stop := func() { stopAll(); wg.Wait(); client.Close() }

@@ -27,6 +27,7 @@ import (
 	"dataplane/native"
 	"dataplane/router/fleet"
 	"dataplane/router/kvevents"
+	"dataplane/transfer/wire"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -43,6 +44,7 @@ type serveFlags struct {
 	nats                                                                           natsConfig
 	fleetName, advertise, fleetModel                                               string
 	transferListen                                                                 string
+	transferCompress                                                               wire.Compress
 	remoteEncoding                                                                 bool
 	topo                                                                           workerTopology
 	rtopo                                                                          routerTopology
@@ -119,6 +121,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&sf.fleetName, "fleet-name", "", "this daemon's name in the fleet, where it is announced as an encoder (default: dataplane-HOST-PORT)")
 	fs.StringVar(&sf.advertise, "advertise", "", "the base URL announced for this daemon (default: http:// and the --listen address)")
 	fs.StringVar(&sf.transferListen, "transfer-listen", "", "HOST:PORT where other daemons send this one items to encode, over the feature transfer protocol (default: --listen's host, any port; none: do not offer); announced with --nats")
+	fs.Func("transfer-compress", "none, s2 or zstd: compress what this daemon sends over the transfer protocol (features it encoded for others, inputs it sends to encode); pays only on links slower than ~0.5-1 Gb/s, for bf16 (transfer/wire README)", func(v string) (err error) {
+		sf.transferCompress, err = wire.ParseCompress(v)
+		return err
+	})
 	fs.BoolVar(&sf.remoteEncoding, "remote-encoding", true, "with --nats: send items to the fleet's other daemons' encoders when the router predicts they are done first")
 	workerTopologyFlags(fs, &sf.topo)
 	// Features and encoding.
@@ -278,7 +284,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		transfer := ""
 		if sf.transferListen != "none" {
-			addr, stopOffer, err := offerEncoders(svc, srv.Registry(), sf.transferListen, ln.Addr().String(), sf.advertise, log)
+			addr, stopOffer, err := offerEncoders(svc, srv.Registry(), sf.transferListen, ln.Addr().String(), sf.advertise, sf.transferCompress, log)
 			if err != nil {
 				svc.Close(context.Background()) //nolint:errcheck
 				return err

@@ -20,7 +20,10 @@ type ClientOptions struct {
 	// IdleConns is how many idle connections are kept per encoder (each carries one item at a
 	// time; more items at once dial more, and those beyond it are closed when done). 4.
 	IdleConns int
-	Wire      wire.Options
+	// Wire is every connection's options; Wire.Compress compresses what this end sends (the
+	// encoders' inputs: f32, which the probe mostly sends raw). Off by default: see the
+	// transfer/wire README for where it pays.
+	Wire wire.Options
 }
 
 // Client sends items to other daemons' encoders and reads their features back.

@@ -89,8 +89,10 @@ func (b *fakeBackend) Encode(_ context.Context, it Item, in []encoder.Input) ([]
 	return out, func() {}, nil
 }
 
-func startServer(t *testing.T, b Backend) string {
-	srv := NewServer(b, ServerOptions{})
+func startServer(t *testing.T, b Backend) string { return startServerWith(t, b, ServerOptions{}) }
+
+func startServerWith(t *testing.T, b Backend, o ServerOptions) string {
+	srv := NewServer(b, o)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go srv.Serve(ln) //nolint:errcheck // ends with Close
@@ -128,6 +130,35 @@ func TestClientServer(t *testing.T) {
 	require.ErrorIs(t, c.Encode(ctx, "http://x", it, in, dst), ErrAddress)
 	require.ErrorContains(t, c.Encode(ctx, addr, it, in, dst[:5]), "5 bytes for 3 features")
 	require.ErrorContains(t, c.Encode(ctx, addr, it, nil, dst), "0 inputs")
+}
+
+// With Wire.Compress the server's features travel compressed (the answer's header says so)
+// and arrive intact through a Client, which needs no option to read them.
+func TestCompressedFeatures(t *testing.T) {
+	addr := startServerWith(t, &fakeBackend{}, ServerOptions{Wire: wire.Options{Compress: wire.CompressZstd}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	it := Item{Key: features.Key{Content: "k", Model: "m"}, Model: "m", Modality: "image", Tokens: 64, Hidden: 256, DType: wire.DTypeBF16}
+	in := encoder.Input{Data: []float32{5, 0, 0, 0}}
+
+	nc, err := net.Dial("tcp", strings.TrimPrefix(addr, "tcp://"))
+	require.NoError(t, err)
+	conn := wire.NewConn(nc, wire.Options{})
+	defer conn.Close()
+	m := meta{Model: "m", Modality: "image", Tokens: it.Tokens, Hidden: it.Hidden, DType: uint8(it.DType), Inputs: 1}
+	require.NoError(t, conn.Send(ctx, wire.Header{Kind: wire.KindEncode, RequestID: 1, Key: it.Key, DType: wire.DTypeF32, Rows: 1, Cols: 4, Text: m.text()}, floats(in)))
+	h, err := conn.Next(ctx)
+	require.NoError(t, err)
+	require.Equal(t, wire.FlagZstd, h.Flags)
+	require.Less(t, h.CompressedLen, h.Len)
+
+	c := NewClient(ClientOptions{Wire: wire.Options{Compress: wire.CompressS2}})
+	defer c.Close()
+	dst := make([]byte, it.Bytes())
+	require.NoError(t, c.Encode(ctx, addr, it, []encoder.Input{in}, dst))
+	for i := range dst {
+		require.Equal(t, byte(5+i), dst[i])
+	}
 }
 
 // Frames out of step (an item's second input missing, a meta that does not parse) make the

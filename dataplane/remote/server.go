@@ -32,7 +32,10 @@ type ServerOptions struct {
 	// MaxWait bounds an item's encode when its requester gives no time left. 60 s.
 	MaxWait  time.Duration
 	MaxConns int // wire.Server's
-	Wire     wire.Options
+	// Wire is every connection's options; Wire.Compress compresses the features this end
+	// sends back (bf16 pays on slow links only: the transfer/wire README's rule). Off by
+	// default; requesters read compressed answers with no option.
+	Wire wire.Options
 }
 
 // ServerStats count what a Server did.

@@ -89,21 +89,6 @@ func BenchmarkCompress(b *testing.B) {
 	}
 }
 
-// shuffle16 writes the low bytes of src's 16-bit elements, then their high bytes.
-func shuffle16(dst, src []byte) {
-	n := len(src) / 2
-	for i := range n {
-		dst[i], dst[n+i] = src[2*i], src[2*i+1]
-	}
-}
-
-func unshuffle16(dst, src []byte) {
-	n := len(src) / 2
-	for i := range n {
-		dst[2*i], dst[2*i+1] = src[i], src[n+i]
-	}
-}
-
 func compressInputs(b *testing.B) []safetensors.Tensor {
 	if path := os.Getenv("WIRE_FEATURES"); path != "" {
 		f, err := safetensors.Open(path)

@@ -29,6 +29,10 @@ type Options struct {
 	// payload, when the context has no earlier deadline (default 30 s). Waiting for the next
 	// header is bounded by the context alone, so an idle connection may stay open.
 	ReadTimeout time.Duration
+	// Compress is the codec Send uses for payloads of 4 KiB and more (default none; the
+	// receiver needs no option). A frame that does not shrink goes raw. It pays only on links
+	// slower than the compressing cores: see the README's rule before turning it on.
+	Compress Compress
 }
 
 // Defaults for Options' zero fields.
@@ -132,12 +136,24 @@ func ioErr(ctx context.Context, op string, err error) error {
 // h.Sum is 0; a caller that computed Checksum(payload) earlier (once, when the encoder
 // finished and the bytes were still in the cache) passes it and saves a pass over the payload
 // on every send (BenchmarkTransfer's presum rows).
+//
+// With Options.Compress, the payload is compressed first (2-byte dtypes byte-shuffled) into
+// scratch held only until the frame is written; Sum stays the checksum of payload itself.
 func (c *Conn) Send(ctx context.Context, h Header, payload []byte) error {
-	h.Flags &^= FlagShm | FlagShmReply | FlagInPlace
-	h.ShmOffset, h.ShmLen = 0, 0
+	h.Flags &^= FlagShm | FlagShmReply | FlagInPlace | flagsZip
+	h.ShmOffset, h.ShmLen, h.CompressedLen = 0, 0, 0
 	h.Len = int64(len(payload))
 	if h.Sum == 0 {
 		h.Sum = Checksum(payload)
+	}
+	if h.Kind != KindError && h.Len <= c.opts.MaxPayload {
+		// Outside the write lock: concurrent senders compress on their own cores.
+		if z, flag, bufs, ok := compress(c.opts.Compress, h.DType, payload); ok {
+			defer scratch.put(bufs...)
+			h.Flags |= flag
+			h.CompressedLen = int64(len(z))
+			payload = z
+		}
 	}
 	return c.write(ctx, &h, payload, -1)
 }
@@ -162,8 +178,8 @@ func (c *Conn) SendShm(ctx context.Context, h Header, payload []byte, fd int, of
 	if len(payload) == 0 || fd < 0 || off < 0 {
 		return fmt.Errorf("wire: shared-memory frame of %d bytes, fd %d, offset %d", len(payload), fd, off)
 	}
-	h.Flags = h.Flags&^(FlagShmReply|FlagInPlace) | FlagShm
-	h.ShmOffset, h.ShmLen = off, int64(len(payload))
+	h.Flags = h.Flags&^(FlagShmReply|FlagInPlace|flagsZip) | FlagShm
+	h.ShmOffset, h.ShmLen, h.CompressedLen = off, int64(len(payload)), 0
 	h.Len = int64(len(payload))
 	if h.Sum == 0 {
 		h.Sum = Checksum(payload)
@@ -182,8 +198,8 @@ func (c *Conn) SendWithReply(ctx context.Context, h Header, payload []byte, fd i
 	if n <= 0 || fd < 0 || off < 0 {
 		return fmt.Errorf("wire: reply range of %d bytes, fd %d, offset %d", n, fd, off)
 	}
-	h.Flags = h.Flags&^(FlagShm|FlagInPlace) | FlagShmReply
-	h.ShmOffset, h.ShmLen = off, n
+	h.Flags = h.Flags&^(FlagShm|FlagInPlace|flagsZip) | FlagShmReply
+	h.ShmOffset, h.ShmLen, h.CompressedLen = off, n, 0
 	h.Len = int64(len(payload))
 	if h.Sum == 0 {
 		h.Sum = Checksum(payload)
@@ -197,8 +213,8 @@ func (c *Conn) SendInPlace(ctx context.Context, h Header, written []byte) error 
 	if len(written) == 0 {
 		return errors.New("wire: an in-place answer of no bytes")
 	}
-	h.Flags = h.Flags&^(FlagShm|FlagShmReply) | FlagInPlace
-	h.ShmOffset, h.ShmLen = 0, 0
+	h.Flags = h.Flags&^(FlagShm|FlagShmReply|flagsZip) | FlagInPlace
+	h.ShmOffset, h.ShmLen, h.CompressedLen = 0, 0, 0
 	h.Len = int64(len(written))
 	if h.Sum == 0 {
 		h.Sum = Checksum(written)
@@ -280,7 +296,7 @@ func (c *Conn) Next(ctx context.Context) (Header, error) {
 		c.rbroke = err
 		return Header{}, err
 	}
-	c.cur, c.left = h, h.Flags&FlagShm != 0 || (h.Len > 0 && h.Flags&FlagInPlace == 0)
+	c.cur, c.left = h, h.Flags&FlagShm != 0 || h.streamLen() > 0
 	return h, nil
 }
 
@@ -445,6 +461,9 @@ func (c *Conn) ReadPayload(ctx context.Context, dst []byte) error {
 	}
 	stop := interrupt(ctx, c.nc.SetReadDeadline)
 	defer stop()
+	if h.Flags&flagsZip != 0 {
+		return c.readCompressed(ctx, dst)
+	}
 	sum := xxh3.New()
 	for off := 0; off < len(dst); {
 		// Whatever the socket has (up to readChunk) per read, hashed at once while it is still
@@ -461,6 +480,21 @@ func (c *Conn) ReadPayload(ctx context.Context, dst []byte) error {
 		return fmt.Errorf("%w: frame %d (item %q): %#016x, header says %#016x", ErrChecksum, h.RequestID, h.Key.Content, got, h.Sum)
 	}
 	return nil
+}
+
+// readCompressed reads a compressed payload whole into scratch (CompressedLen < Len, which
+// the header check guarantees, so no more than the payload the caller made room for), then
+// decompresses it into dst. A payload that does not decompress to Len bytes, or not to its
+// checksum, is ErrChecksum: its bytes were all read, the stream stays in sync.
+func (c *Conn) readCompressed(ctx context.Context, dst []byte) error {
+	h := &c.cur
+	z := scratch.get(int(h.CompressedLen))
+	defer scratch.put(z)
+	if _, err := io.ReadFull(c.nc, z); err != nil {
+		c.rbroke = ioErr(ctx, fmt.Sprintf("read compressed payload of frame %d (%d bytes)", h.RequestID, h.CompressedLen), unexpected(err))
+		return c.rbroke
+	}
+	return decompress(h, z, dst)
 }
 
 // Discard skips the current frame's payload (an item the receiver refused or already has).
@@ -481,7 +515,7 @@ func (c *Conn) Discard(ctx context.Context) error {
 	defer stop()
 	bp := discardBufs.Get().(*[]byte)
 	defer discardBufs.Put(bp)
-	for left := c.cur.Len; left > 0; {
+	for left := c.cur.streamLen(); left > 0; {
 		n, err := c.nc.Read((*bp)[:min(left, int64(len(*bp)))])
 		left -= int64(n)
 		if err != nil && left > 0 {

@@ -28,10 +28,11 @@ import (
 const Magic = "DPWF"
 
 // Version is the protocol version this package speaks; a frame of another version is refused.
-const Version = 1
+// Version 2 added the compressed length (FlagS2, FlagZstd) and grew the header to 72 bytes.
+const Version = 2
 
 // HeaderSize is the fixed part of a frame header, before the metadata block.
-const HeaderSize = 64
+const HeaderSize = 72
 
 // Limits on what a frame may declare, checked before anything is allocated or read.
 const (
@@ -123,8 +124,13 @@ const (
 	// FlagShm: the payload is not in the stream but in the memfd passed with the header
 	// (SCM_RIGHTS): bytes [ShmOffset, ShmOffset+Len).
 	FlagShm Flags = 1 << 0
-	// Bits 1–3 are reserved for payload compression (measured not to pay for fp16/bf16
-	// features: see the README); a frame that sets any unknown bit is refused.
+	// FlagS2, FlagZstd: the payload in the stream is CompressedLen bytes of s2 (block format)
+	// or zstd (one frame), which decompress to Len bytes; for 2-byte dtypes those are the
+	// payload byte-shuffled (the low bytes of all elements, then the high bytes). Sum is over
+	// the decompressed, unshuffled payload. Never with a shared-memory flag. Bit 3 is reserved.
+	FlagS2   Flags = 1 << 1
+	FlagZstd Flags = 1 << 2
+	flagsZip       = FlagS2 | FlagZstd
 
 	// FlagShmReply: the memfd passed with the header is where the answer goes: bytes
 	// [ShmOffset, ShmOffset+ShmLen) of the requester's memory (a features.Job's buffer). The
@@ -134,7 +140,7 @@ const (
 	// start of the range the request named; nothing follows in the stream.
 	FlagInPlace Flags = 1 << 5
 
-	knownFlags = FlagShm | FlagShmReply | FlagInPlace
+	knownFlags = FlagShm | FlagShmReply | FlagInPlace | flagsZip
 )
 
 // Header describes one frame.
@@ -150,7 +156,10 @@ type Header struct {
 	Sum       uint64 // XXH3-64 of the payload (Checksum); Send computes it when 0
 	ShmOffset int64  // FlagShm, FlagShmReply: where the range starts in the memfd
 	ShmLen    int64  // FlagShmReply: the range's length (FlagShm: Len; set by SendShm)
-	Text      string // KindError: the reason; otherwise free-form (≤ MaxText bytes)
+	// CompressedLen is the payload's size in the stream when FlagS2 or FlagZstd is set (set by
+	// Send): below Len, so a receiver never holds more than the payload it admitted.
+	CompressedLen int64
+	Text          string // KindError: the reason; otherwise free-form (≤ MaxText bytes)
 }
 
 // Error kinds, for errors.Is.
@@ -202,8 +211,8 @@ func (h *Header) check(maxPayload int64) error {
 	if h.DType > dtypeMax {
 		return frameErr("unknown dtype %d", h.DType)
 	}
-	if h.Len < 0 || h.ShmOffset < 0 || h.ShmLen < 0 {
-		return frameErr("negative length %d, offset %d or shared length %d", h.Len, h.ShmOffset, h.ShmLen)
+	if h.Len < 0 || h.ShmOffset < 0 || h.ShmLen < 0 || h.CompressedLen < 0 {
+		return frameErr("negative length %d, offset %d, shared length %d or compressed length %d", h.Len, h.ShmOffset, h.ShmLen, h.CompressedLen)
 	}
 	if h.ShmLen > maxPayload {
 		return fmt.Errorf("%w: shared range of %d bytes (at most %d)", ErrTooLarge, h.ShmLen, maxPayload)
@@ -222,6 +231,17 @@ func (h *Header) check(maxPayload int64) error {
 	}
 	if h.Kind == KindError && (h.Len != 0 || h.Flags != 0) {
 		return frameErr("error frame with a payload")
+	}
+	if h.Flags&flagsZip != 0 {
+		// A compressed frame is a plain stream frame that shrank: anything else is sent raw.
+		if h.Flags&flagsZip == flagsZip || h.Flags&(FlagShm|FlagShmReply|FlagInPlace) != 0 {
+			return frameErr("flags %#x: one codec, and not with shared memory", uint16(h.Flags))
+		}
+		if h.CompressedLen <= 0 || h.CompressedLen >= h.Len {
+			return frameErr("compressed length %d for a payload of %d (want 1 to %d)", h.CompressedLen, h.Len, h.Len-1)
+		}
+	} else if h.CompressedLen != 0 {
+		return frameErr("a compressed length without FlagS2 or FlagZstd")
 	}
 	switch h.Flags & (FlagShm | FlagShmReply | FlagInPlace) {
 	case 0, FlagInPlace:
@@ -278,21 +298,25 @@ func AppendHeader(dst []byte, h *Header, maxPayload int64) ([]byte, error) {
 	dst = append(dst, byte(h.DType), 0)
 	dst = le.AppendUint16(dst, uint16(h.metaLen()))
 	dst = le.AppendUint64(dst, uint64(h.ShmLen))
+	dst = le.AppendUint64(dst, uint64(h.CompressedLen))
 	dst = le.AppendUint32(dst, 0) // header sum, filled below
 	for _, s := range [...]string{h.Key.Salt, h.Key.Content, h.Key.Model, h.Key.Preprocess, h.Text} {
 		dst = le.AppendUint16(dst, uint16(len(s)))
 		dst = append(dst, s...)
 	}
-	le.PutUint32(dst[start+60:], headerSum(dst[start:]))
+	le.PutUint32(dst[start+sumAt:], headerSum(dst[start:]))
 	return dst, nil
 }
+
+// sumAt is where the header checksum sits: the fixed part's last 4 bytes.
+const sumAt = HeaderSize - 4
 
 // headerSum is the low 32 bits of XXH3-64 over the header with its sum field zero, and the
 // metadata: a flipped length bit is caught before the length is trusted.
 func headerSum(b []byte) uint32 {
 	var fixed [HeaderSize]byte
 	copy(fixed[:], b[:HeaderSize])
-	clear(fixed[60:64])
+	clear(fixed[sumAt:])
 	h := xxh3.New()
 	h.Write(fixed[:])
 	h.Write(b[HeaderSize:])
@@ -312,9 +336,9 @@ func parseFixed(b []byte, h *Header, maxPayload int64) (metaLen int, err error) 
 		return 0, frameErr("version %d, this side speaks %d", b[4], Version)
 	}
 	le := binary.LittleEndian
-	n, off, shm := le.Uint64(b[16:]), le.Uint64(b[32:]), le.Uint64(b[52:])
-	if n > 1<<62 || off > 1<<62 || shm > 1<<62 {
-		return 0, frameErr("length %d, offset %d or shared length %d out of range", n, off, shm)
+	n, off, shm, zn := le.Uint64(b[16:]), le.Uint64(b[32:]), le.Uint64(b[52:]), le.Uint64(b[60:])
+	if n > 1<<62 || off > 1<<62 || shm > 1<<62 || zn > 1<<62 {
+		return 0, frameErr("length %d, offset %d, shared length %d or compressed length %d out of range", n, off, shm, zn)
 	}
 	*h = Header{
 		Kind:      Kind(b[5]),
@@ -327,6 +351,8 @@ func parseFixed(b []byte, h *Header, maxPayload int64) (metaLen int, err error) 
 		Rows:      le.Uint32(b[40:]),
 		Cols:      le.Uint32(b[44:]),
 		DType:     DType(b[48]),
+
+		CompressedLen: int64(zn),
 	}
 	if b[49] != 0 {
 		return 0, frameErr("reserved byte %d", b[49])
@@ -343,7 +369,7 @@ func parseFixed(b []byte, h *Header, maxPayload int64) (metaLen int, err error) 
 func parseMeta(fixed, meta []byte, h *Header, maxPayload int64) error {
 	var buf [HeaderSize + MaxMeta]byte
 	b := append(append(buf[:0], fixed[:HeaderSize]...), meta...)
-	if got, want := headerSum(b), binary.LittleEndian.Uint32(fixed[60:]); got != want {
+	if got, want := headerSum(b), binary.LittleEndian.Uint32(fixed[sumAt:]); got != want {
 		return frameErr("header checksum %#08x, computed %#08x", want, got)
 	}
 	var fields [5]string
@@ -386,3 +412,14 @@ func DecodeHeader(b []byte, maxPayload int64) (Header, int, error) {
 // Checksum is the payload checksum the protocol uses: XXH3-64 (see the README for why not
 // CRC-32C).
 func Checksum(p []byte) uint64 { return xxh3.Hash(p) }
+
+// streamLen is how many payload bytes follow the header in the stream.
+func (h *Header) streamLen() int64 {
+	switch {
+	case h.Flags&(FlagShm|FlagInPlace) != 0:
+		return 0
+	case h.Flags&flagsZip != 0:
+		return h.CompressedLen
+	}
+	return h.Len
+}

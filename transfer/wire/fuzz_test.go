@@ -12,7 +12,7 @@ import (
 // FuzzDecodeHeader: any bytes either decode to a header that encodes back to the same bytes,
 // or fail with ErrFrame / ErrTooLarge; and a Conn reading them as a stream ends with an error
 // or a clean EOF, never a panic or a hang, allocating nothing from the declared lengths beyond
-// its limits.
+// its limits. Compressed payloads are decompressed too (a corrupt one is ErrChecksum).
 func FuzzDecodeHeader(f *testing.F) {
 	for _, h := range []Header{
 		{Kind: KindFeatures, RequestID: 1, Key: testKey, DType: DTypeBF16, Rows: 2, Cols: 3},
@@ -33,6 +33,25 @@ func FuzzDecodeHeader(f *testing.F) {
 			continue
 		}
 		f.Add(encoded(f, h, payload))
+	}
+	// Compressed frames (version 2): each codec, and one whose bytes do not decompress.
+	p := make([]byte, 8<<10)
+	for i := range p {
+		p[i] = byte(i % 7)
+	}
+	for _, codec := range []Compress{CompressS2, CompressZstd} {
+		h := Header{Kind: KindFeatures, RequestID: 5, Key: testKey, DType: DTypeBF16, Rows: 4, Cols: 1 << 10}
+		z, flag, _, ok := compress(codec, h.DType, p)
+		if !ok {
+			f.Fatalf("%v: did not shrink", codec)
+		}
+		h.Flags, h.Len, h.Sum, h.CompressedLen = flag, int64(len(p)), Checksum(p), int64(len(z))
+		b, err := AppendHeader(nil, &h, DefaultMaxPayload)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(append(b, z...))
+		f.Add(append(b, make([]byte, len(z))...))
 	}
 	f.Add([]byte("DPWF"))
 	f.Fuzz(func(t *testing.T, b []byte) {
