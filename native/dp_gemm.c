@@ -21,6 +21,9 @@
 /* NR: the packed panel width (every kernel's nr divides it); MR_MAX: the tallest kernel. */
 enum { NR = 32, KC = 256, MC = 240, MR_MAX = 12 };
 
+/* Threads over many rows take chunks of ROW_CHUNK rows (a multiple of every kernel's mr). */
+enum { ROW_CHUNK = 96 };
+
 struct dp_packed {
 	int64_t n, k, npanels;
 	float *data; /* [ceil(k/KC)][npanels][kc][NR] */
@@ -283,7 +286,8 @@ typedef struct gemm_job {
 	int64_t ldc;
 	int accumulate;
 	kernel k;
-	int split_n; /* threads split the column panels (else the rows) */
+	int split_n;      /* threads split the column panels (else they take row chunks) */
+	int64_t next_row; /* the next row chunk to take */
 	int failed;  /* a thread could not get its packing buffer */
 } gemm_job;
 
@@ -331,24 +335,10 @@ static void tile(const gemm_job *j, int64_t kc, const float *ap, const float *bp
 	}
 }
 
-static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
-	gemm_job *j = ctx;
+/* run_block computes C rows [row0, row1) x panels [panel0, panel1) over all of k. */
+static void run_block(const gemm_job *j, float *abuf, int64_t row0, int64_t row1, int64_t panel0, int64_t panel1) {
 	const dp_packed *b = j->b;
 	int64_t mr = j->k.mr, mc_max = MC / mr * mr;
-	int64_t panel0 = 0, panel1 = b->npanels, row0 = 0, row1 = j->m;
-	if (j->split_n) {
-		panel0 = b->npanels * t / n_threads, panel1 = b->npanels * (t + 1) / n_threads;
-	} else { /* split rows in whole mr panels */
-		int64_t panels = (j->m + mr - 1) / mr;
-		row0 = panels * t / n_threads * mr, row1 = panels * (t + 1) / n_threads * mr;
-		if (row1 > j->m) row1 = j->m;
-	}
-	if (panel0 >= panel1 || row0 >= row1) return;
-	float *abuf = aligned_alloc(64, (size_t)mc_max * KC * 4);
-	if (abuf == NULL) {
-		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-		return;
-	}
 	const float *bblock = b->data;
 	for (int64_t p0 = 0; p0 < b->k; p0 += KC) {
 		int64_t kc = b->k - p0 < KC ? b->k - p0 : KC;
@@ -364,6 +354,26 @@ static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
 			}
 		}
 		bblock += kc * b->npanels * NR;
+	}
+}
+
+static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
+	gemm_job *j = ctx;
+	int64_t mr = j->k.mr;
+	float *abuf = aligned_alloc(64, (size_t)(MC / mr * mr) * KC * 4);
+	if (abuf == NULL) {
+		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	if (j->split_n) { /* a fixed share of the column panels, all rows */
+		int64_t panel0 = j->b->npanels * t / n_threads, panel1 = j->b->npanels * (t + 1) / n_threads;
+		if (panel0 < panel1) run_block(j, abuf, 0, j->m, panel0, panel1);
+	} else { /* row chunks taken in turn: a thread slowed by other work on the machine takes fewer */
+		for (;;) {
+			int64_t row0 = __atomic_fetch_add(&j->next_row, ROW_CHUNK, __ATOMIC_RELAXED);
+			if (row0 >= j->m) break;
+			run_block(j, abuf, row0, row0 + ROW_CHUNK < j->m ? row0 + ROW_CHUNK : j->m, 0, j->b->npanels);
+		}
 	}
 	free(abuf);
 }
@@ -386,8 +396,9 @@ static dp_status run_gemm(gemm_job *j, int32_t n_threads, int32_t isa, char *msg
 	double flops = 2.0 * (double)j->m * (double)j->b->n * (double)j->b->k;
 	if (n_threads > flops / 1e6) n_threads = (int32_t)(flops / 1e6);
 	if (n_threads < 1) n_threads = 1;
-	int64_t row_panels = (j->m + j->k.mr - 1) / j->k.mr;
-	j->split_n = j->b->npanels >= 4 * (int64_t)n_threads || j->b->npanels >= row_panels;
+	/* Many rows (a batch): chunks of rows, each packed once, B shared. Few rows (one image,
+	 * an attention block): fixed shares of the columns, each thread packing all of A. */
+	j->split_n = n_threads == 1 || j->m < 4 * ROW_CHUNK * (int64_t)n_threads;
 	dp_parallel_for(n_threads, gemm_part, j);
 	if (j->failed) return dp_fail(msg, msg_len, DP_ERR_NOMEM, "no memory for a packing buffer");
 	return DP_OK;
