@@ -9,9 +9,9 @@ over every token. Usage: vit_b16.py --iters N [--threads T] [--batch B]; prints 
 """
 import sys
 
-import _torchpeer
+import vit_whisper_common
 
-A = _torchpeer.args(batch=8)
+A = vit_whisper_common.args(batch=8)
 
 import torch  # noqa: E402  (after the re-exec that sets the library path)
 from torch import nn  # noqa: E402
@@ -57,5 +57,5 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = ViT().eval()
     img = torch.randn(A.batch, 3, SIZE, SIZE)
-    _torchpeer.run(f"vit-b16-224-batch{A.batch}", model, img, A.batch, A)
+    vit_whisper_common.run(f"vit-b16-224-batch{A.batch}", model, img, A.batch, A)
     sys.exit(0)

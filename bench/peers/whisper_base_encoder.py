@@ -10,9 +10,9 @@ Usage: whisper_base_encoder.py --iters N [--threads T] [--batch B]; prints one J
 import math
 import sys
 
-import _torchpeer
+import vit_whisper_common
 
-A = _torchpeer.args(batch=4)
+A = vit_whisper_common.args(batch=4)
 
 import torch  # noqa: E402  (after the re-exec that sets the library path)
 from torch import nn  # noqa: E402
@@ -64,5 +64,5 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = Encoder().eval()
     mel = torch.randn(A.batch, MELS, 2 * CTX)
-    _torchpeer.run(f"whisper-base-encoder-30s-batch{A.batch}", model, mel, A.batch, A)
+    vit_whisper_common.run(f"whisper-base-encoder-30s-batch{A.batch}", model, mel, A.batch, A)
     sys.exit(0)
