@@ -404,8 +404,10 @@ static void run_block(const gemm_job *j, float *abuf, int64_t row0, int64_t row1
 
 static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
 	gemm_job *j = ctx;
-	int64_t mr = j->k.mr;
-	float *abuf = aligned_alloc(64, (size_t)(MC / mr * mr) * KC * 4);
+	/* The packing buffer only as large as this product needs: attention's small blocks then
+	 * take a few KiB from the heap instead of 240 KiB. */
+	int64_t mr = j->k.mr, rows = (j->m + mr - 1) / mr * mr, mc = MC / mr * mr, kc = j->b->k < KC ? j->b->k : KC;
+	float *abuf = aligned_alloc(64, (size_t)((rows < mc ? rows : mc) * kc * 4 + 63) / 64 * 64);
 	if (abuf == NULL) {
 		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
 		return;
