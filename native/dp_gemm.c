@@ -39,17 +39,23 @@ void dp_packed_free(dp_packed *p) {
 	free(p);
 }
 
-/* pack_b fills p from a source whose element (row p of B, column j) is src[j*sj + p*sp]. */
+/* pack_b fills p from a source whose element (row p of B, column j) is src[j*sj + p*sp]. Whole
+ * panels copy rows of NR (sj == 1) or walk each column along k (sp == 1: reads in order). */
 static void pack_b(dp_packed *p, const float *src, int64_t sj, int64_t sp) {
 	float *dst = p->data;
 	for (int64_t p0 = 0; p0 < p->k; p0 += KC) {
 		int64_t kc = p->k - p0 < KC ? p->k - p0 : KC;
-		for (int64_t panel = 0; panel < p->npanels; panel++) {
-			for (int64_t q = 0; q < kc; q++, dst += NR) {
-				for (int64_t j = 0; j < NR; j++) {
-					int64_t col = panel * NR + j;
-					dst[j] = col < p->n ? src[col * sj + (p0 + q) * sp] : 0.0f;
-				}
+		for (int64_t panel = 0; panel < p->npanels; panel++, dst += kc * NR) {
+			int64_t j0 = panel * NR;
+			const float *s0 = src + j0 * sj + p0 * sp;
+			if (j0 + NR <= p->n && sj == 1) {
+				for (int64_t q = 0; q < kc; q++) memcpy(dst + q * NR, s0 + q * sp, NR * 4);
+			} else if (j0 + NR <= p->n && sp == 1) {
+				for (int64_t j = 0; j < NR; j++)
+					for (int64_t q = 0; q < kc; q++) dst[q * NR + j] = s0[j * sj + q];
+			} else {
+				for (int64_t q = 0; q < kc; q++)
+					for (int64_t j = 0; j < NR; j++) dst[q * NR + j] = j0 + j < p->n ? s0[j * sj + q * sp] : 0.0f;
 			}
 		}
 	}
