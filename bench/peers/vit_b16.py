@@ -1,11 +1,13 @@
 #!/usr/bin/python3
 """PyTorch peer: CLIP ViT-B/16 at 224 px (the vision tower), random weights.
 
-Written from the architecture of OpenAI's CLIP (openai/CLIP clip/model.py VisionTransformer):
+Written from the architecture of OpenAI's CLIP (openai/CLIP clip/model.py VisionTransformer, commit
+ea41722f9fe6bb81189f41ab6c306e77e930c2af):
 a 16x16 stride-16 patch convolution without bias, a class token, 197 learned positions, a
 LayerNorm before the blocks (ln_pre), 12 pre-LN blocks (multi-head attention with 12 heads
 of 64, then an MLP 768 -> 3072 -> 768 with quick_gelu x*sigmoid(1.702x)), a final LayerNorm
-over every token. Usage: vit_b16.py --iters N [--threads T] [--batch B]; prints one JSON line.
+over every token (CLIP's ln_post takes the class token only; the difference is negligible
+next to the blocks). Usage: vit_b16.py --iters N [--threads T] [--batch B]; prints one JSON line.
 """
 import sys
 

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch peer: the Whisper-base audio encoder on 30 s (80 x 3000 log-mel), random weights.
 
-Written from the architecture of openai/whisper (whisper/model.py AudioEncoder): two 1-D
+Written from the architecture of openai/whisper (whisper/model.py AudioEncoder, commit
+fdf63e51dc3089e10d72fd25ac04ffe22f86543e): two 1-D
 convolutions of width 3 (80 -> 512, then 512 -> 512 with stride 2), each followed by GELU,
 sinusoidal positions for the 1500 frames, 6 pre-LN blocks (8 heads of 64; the key projection
 has no bias; an MLP 512 -> 2048 -> 512 with exact GELU), a final LayerNorm.
