@@ -21,6 +21,10 @@
 /* NR: the packed panel width (every kernel's nr divides it); MR_MAX: the tallest kernel. */
 enum { NR = 32, KC = 256, MC = 240, MR_MAX = 12 };
 
+/* Threads over many rows take chunks of ROW_CHUNK rows (a multiple of every kernel's mr).
+ * Blocks of at most DIRECT_PANELS column panels read A in place where the kernel can. */
+enum { ROW_CHUNK = 96, DIRECT_PANELS = 4 };
+
 struct dp_packed {
 	int64_t n, k, npanels;
 	float *data; /* [ceil(k/KC)][npanels][kc][NR] */
@@ -35,17 +39,23 @@ void dp_packed_free(dp_packed *p) {
 	free(p);
 }
 
-/* pack_b fills p from a source whose element (row p of B, column j) is src[j*sj + p*sp]. */
+/* pack_b fills p from a source whose element (row p of B, column j) is src[j*sj + p*sp]. Whole
+ * panels copy rows of NR (sj == 1) or walk each column along k (sp == 1: reads in order). */
 static void pack_b(dp_packed *p, const float *src, int64_t sj, int64_t sp) {
 	float *dst = p->data;
 	for (int64_t p0 = 0; p0 < p->k; p0 += KC) {
 		int64_t kc = p->k - p0 < KC ? p->k - p0 : KC;
-		for (int64_t panel = 0; panel < p->npanels; panel++) {
-			for (int64_t q = 0; q < kc; q++, dst += NR) {
-				for (int64_t j = 0; j < NR; j++) {
-					int64_t col = panel * NR + j;
-					dst[j] = col < p->n ? src[col * sj + (p0 + q) * sp] : 0.0f;
-				}
+		for (int64_t panel = 0; panel < p->npanels; panel++, dst += kc * NR) {
+			int64_t j0 = panel * NR;
+			const float *s0 = src + j0 * sj + p0 * sp;
+			if (j0 + NR <= p->n && sj == 1) {
+				for (int64_t q = 0; q < kc; q++) memcpy(dst + q * NR, s0 + q * sp, NR * 4);
+			} else if (j0 + NR <= p->n && sp == 1) {
+				for (int64_t j = 0; j < NR; j++)
+					for (int64_t q = 0; q < kc; q++) dst[q * NR + j] = s0[j * sj + q];
+			} else {
+				for (int64_t q = 0; q < kc; q++)
+					for (int64_t j = 0; j < NR; j++) dst[q * NR + j] = j0 + j < p->n ? s0[j * sj + q * sp] : 0.0f;
 			}
 		}
 	}
@@ -193,6 +203,35 @@ DP_AVX512 static void kernel_avx512(int64_t kc, const float *a, const float *b, 
 	}
 }
 
+/* The same tile reading A in place (row i at a + i*lda) instead of from a packed panel: for
+ * products with few columns (attention's scores . V, 64 wide), where packing A would cost as
+ * much as a good part of the multiplication. Twelve row streams, each read in order. */
+DP_AVX512 static void kernel_avx512_direct(int64_t kc, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                                           int64_t ldc, const float *bias, int add) {
+	__m512 acc[XMR][2];
+#pragma GCC unroll 12
+	for (int i = 0; i < XMR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+	for (int64_t q = 0; q < kc; q++, a++, b += ldb) {
+		__m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 12
+		for (int i = 0; i < XMR; i++) {
+			__m512 x = _mm512_set1_ps(a[i * lda]);
+			acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
+			acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
+		}
+	}
+	__m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+	__m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 12
+	for (int i = 0; i < XMR; i++) {
+		float *row = c + i * ldc;
+		__m512 v0 = _mm512_add_ps(acc[i][0], bias0), v1 = _mm512_add_ps(acc[i][1], bias1);
+		if (add) v0 = _mm512_add_ps(v0, _mm512_loadu_ps(row)), v1 = _mm512_add_ps(v1, _mm512_loadu_ps(row + 16));
+		_mm512_storeu_ps(row, v0);
+		_mm512_storeu_ps(row + 16, v1);
+	}
+}
+
 DP_AVX512 static float fma_loop_avx512(int64_t iters) {
 	/* Sixteen chains: twice the 2 pipes x 4 cycles of latency Zen 5 needs in flight. */
 	__m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-8f);
@@ -269,9 +308,13 @@ double dp_fma_peak(int64_t iters, int32_t n_threads, int32_t isa) {
 
 /* ---- the driver ---- */
 
+typedef void (*direct_fn)(int64_t kc, const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                          const float *bias, int add);
+
 typedef struct kernel {
 	kernel_fn fn;
-	int64_t mr, nr; /* the tile; nr divides NR */
+	direct_fn direct; /* the same tile on unpacked A, or NULL */
+	int64_t mr, nr;   /* the tile; nr divides NR */
 } kernel;
 
 typedef struct gemm_job {
@@ -283,7 +326,8 @@ typedef struct gemm_job {
 	int64_t ldc;
 	int accumulate;
 	kernel k;
-	int split_n; /* threads split the column panels (else the rows) */
+	int split_n;      /* threads split the column panels (else they take row chunks) */
+	int64_t next_row; /* the next row chunk to take */
 	int failed;  /* a thread could not get its packing buffer */
 } gemm_job;
 
@@ -305,65 +349,84 @@ static void pack_a(float *dst, int64_t mr, const float *a, int64_t lda, int64_t 
 	}
 }
 
-/* tile runs the micro-kernel over one mr-row panel of A and one NR-column panel of B, through
- * a scratch tile at the edges of C. */
-static void tile(const gemm_job *j, int64_t kc, const float *ap, const float *bp, int64_t row, int64_t col0, const float *bias,
-                 int add) {
+/* tile runs the micro-kernel over one mr-row panel of A (packed at ap, or in place at a when
+ * a is not NULL) and one NR-column panel of B, through a scratch tile at the edges of C. */
+static void tile(const gemm_job *j, int64_t kc, const float *ap, const float *a, const float *bp, int64_t row, int64_t col0,
+                 const float *bias, int add) {
 	const kernel *k = &j->k;
 	int64_t rows = j->m - row < k->mr ? j->m - row : k->mr;
 	for (int64_t jr = 0; jr < NR; jr += k->nr) {
 		int64_t col = col0 + jr, cols = j->b->n - col < k->nr ? j->b->n - col : k->nr;
 		if (cols <= 0) return;
-		float *c = j->c + row * j->ldc + col;
+		float *c = j->c + row * j->ldc + col, *cc = c;
+		int64_t ldc = j->ldc;
 		const float *bb = bias ? bias + jr : NULL;
-		if (rows == k->mr && cols == k->nr) {
-			k->fn(kc, ap, bp + jr, NR, c, j->ldc, bb, add);
-			continue;
-		}
 		float t[MR_MAX * NR], tb[NR];
-		if (bb != NULL) {
-			memset(tb, 0, sizeof tb);
-			memcpy(tb, bb, (size_t)cols * 4);
+		if (rows < k->mr || cols < k->nr) {
+			if (bb != NULL) {
+				memset(tb, 0, sizeof tb);
+				memcpy(tb, bb, (size_t)cols * 4);
+				bb = tb;
+			}
+			for (int64_t i = 0; i < rows; i++) memcpy(t + i * k->nr, c + i * j->ldc, (size_t)cols * 4);
+			cc = t, ldc = k->nr;
 		}
-		for (int64_t i = 0; i < rows; i++) memcpy(t + i * k->nr, c + i * j->ldc, (size_t)cols * 4);
-		k->fn(kc, ap, bp + jr, NR, t, k->nr, bb ? tb : NULL, add);
-		for (int64_t i = 0; i < rows; i++) memcpy(c + i * j->ldc, t + i * k->nr, (size_t)cols * 4);
+		if (a != NULL)
+			k->direct(kc, a, j->lda, bp + jr, NR, cc, ldc, bb, add);
+		else
+			k->fn(kc, ap, bp + jr, NR, cc, ldc, bb, add);
+		if (cc == t)
+			for (int64_t i = 0; i < rows; i++) memcpy(c + i * j->ldc, t + i * k->nr, (size_t)cols * 4);
 	}
 }
 
-static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
-	gemm_job *j = ctx;
+/* run_block computes C rows [row0, row1) x panels [panel0, panel1) over all of k. With few
+ * column panels and a kernel that has the form, A is read in place rather than packed (all but
+ * a last panel of fewer than mr rows, which could not be read past the end of A). */
+static void run_block(const gemm_job *j, float *abuf, int64_t row0, int64_t row1, int64_t panel0, int64_t panel1) {
 	const dp_packed *b = j->b;
 	int64_t mr = j->k.mr, mc_max = MC / mr * mr;
-	int64_t panel0 = 0, panel1 = b->npanels, row0 = 0, row1 = j->m;
-	if (j->split_n) {
-		panel0 = b->npanels * t / n_threads, panel1 = b->npanels * (t + 1) / n_threads;
-	} else { /* split rows in whole mr panels */
-		int64_t panels = (j->m + mr - 1) / mr;
-		row0 = panels * t / n_threads * mr, row1 = panels * (t + 1) / n_threads * mr;
-		if (row1 > j->m) row1 = j->m;
-	}
-	if (panel0 >= panel1 || row0 >= row1) return;
-	float *abuf = aligned_alloc(64, (size_t)mc_max * KC * 4);
-	if (abuf == NULL) {
-		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-		return;
-	}
+	int direct = j->k.direct != NULL && panel1 - panel0 <= DIRECT_PANELS;
 	const float *bblock = b->data;
 	for (int64_t p0 = 0; p0 < b->k; p0 += KC) {
 		int64_t kc = b->k - p0 < KC ? b->k - p0 : KC;
 		int first = p0 == 0;
 		for (int64_t i0 = row0; i0 < row1; i0 += mc_max) {
 			int64_t mc = row1 - i0 < mc_max ? row1 - i0 : mc_max;
-			pack_a(abuf, mr, j->a, j->lda, i0, mc, p0, kc);
+			int64_t whole = direct ? mc / mr * mr : 0; /* rows read in place */
+			if (whole < mc) pack_a(abuf, mr, j->a, j->lda, i0 + whole, mc - whole, p0, kc);
 			for (int64_t panel = panel0; panel < panel1; panel++) {
 				const float *bp = bblock + panel * kc * NR;
 				const float *bias = first && j->bias ? j->bias + panel * NR : NULL;
-				for (int64_t ir = 0; ir < mc; ir += mr)
-					tile(j, kc, abuf + ir * kc, bp, i0 + ir, panel * NR, bias, first ? j->accumulate : 1);
+				for (int64_t ir = 0; ir < mc; ir += mr) {
+					const float *a = ir < whole ? j->a + (i0 + ir) * j->lda + p0 : NULL;
+					tile(j, kc, abuf + (ir - whole) * kc, a, bp, i0 + ir, panel * NR, bias, first ? j->accumulate : 1);
+				}
 			}
 		}
 		bblock += kc * b->npanels * NR;
+	}
+}
+
+static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
+	gemm_job *j = ctx;
+	/* The packing buffer only as large as this product needs: attention's small blocks then
+	 * take a few KiB from the heap instead of 240 KiB. */
+	int64_t mr = j->k.mr, rows = (j->m + mr - 1) / mr * mr, mc = MC / mr * mr, kc = j->b->k < KC ? j->b->k : KC;
+	float *abuf = aligned_alloc(64, (size_t)((rows < mc ? rows : mc) * kc * 4 + 63) / 64 * 64);
+	if (abuf == NULL) {
+		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	if (j->split_n) { /* a fixed share of the column panels, all rows */
+		int64_t panel0 = j->b->npanels * t / n_threads, panel1 = j->b->npanels * (t + 1) / n_threads;
+		if (panel0 < panel1) run_block(j, abuf, 0, j->m, panel0, panel1);
+	} else { /* row chunks taken in turn: a thread slowed by other work on the machine takes fewer */
+		for (;;) {
+			int64_t row0 = __atomic_fetch_add(&j->next_row, ROW_CHUNK, __ATOMIC_RELAXED);
+			if (row0 >= j->m) break;
+			run_block(j, abuf, row0, row0 + ROW_CHUNK < j->m ? row0 + ROW_CHUNK : j->m, 0, j->b->npanels);
+		}
 	}
 	free(abuf);
 }
@@ -371,10 +434,10 @@ static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
 static dp_status run_gemm(gemm_job *j, int32_t n_threads, int32_t isa, char *msg, size_t msg_len) {
 	int32_t v = dp_isa_resolve(isa);
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "instruction set %d not supported here", isa);
-	j->k = (kernel){kernel_generic, GMR, GNR};
+	j->k = (kernel){kernel_generic, NULL, GMR, GNR};
 #if DP_X86
-	if (v >= DP_ISA_AVX2) j->k = (kernel){kernel_avx2, GMR, GNR};
-	if (v >= DP_ISA_AVX512) j->k = (kernel){kernel_avx512, XMR, NR};
+	if (v >= DP_ISA_AVX2) j->k = (kernel){kernel_avx2, NULL, GMR, GNR};
+	if (v >= DP_ISA_AVX512) j->k = (kernel){kernel_avx512, kernel_avx512_direct, XMR, NR};
 #endif
 	if (j->m == 0 || j->b->n == 0) return DP_OK;
 	if (j->b->k == 0) { /* an empty sum: C = bias (or unchanged when accumulating) */
@@ -386,8 +449,9 @@ static dp_status run_gemm(gemm_job *j, int32_t n_threads, int32_t isa, char *msg
 	double flops = 2.0 * (double)j->m * (double)j->b->n * (double)j->b->k;
 	if (n_threads > flops / 1e6) n_threads = (int32_t)(flops / 1e6);
 	if (n_threads < 1) n_threads = 1;
-	int64_t row_panels = (j->m + j->k.mr - 1) / j->k.mr;
-	j->split_n = j->b->npanels >= 4 * (int64_t)n_threads || j->b->npanels >= row_panels;
+	/* Many rows (a batch): chunks of rows, each packed once, B shared. Few rows (one image,
+	 * an attention block): fixed shares of the columns, each thread packing all of A. */
+	j->split_n = n_threads == 1 || j->m < 4 * ROW_CHUNK * (int64_t)n_threads;
 	dp_parallel_for(n_threads, gemm_part, j);
 	if (j->failed) return dp_fail(msg, msg_len, DP_ERR_NOMEM, "no memory for a packing buffer");
 	return DP_OK;

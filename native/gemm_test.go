@@ -55,11 +55,11 @@ func checkClose(t *testing.T, got []float32, want, bound []float64, what string)
 }
 
 // Shapes around every blocking edge (tiles 6x16 and 12x32, packed panels of 32 columns,
-// KC = 256, MC = 240), every variant,
+// KC = 256, MC = 240, row chunks of 96 for 2 threads from 768 rows), every variant,
 // packed and per-call forms, bias and accumulation, several thread counts.
 func TestGEMMAgainstReference(t *testing.T) {
 	r := newRand(t)
-	shapes := [][3]int{{1, 1, 1}, {5, 15, 7}, {6, 16, 256}, {7, 17, 257}, {13, 40, 300}, {121, 33, 513}, {250, 70, 64}, {3, 200, 1000}, {12, 32, 256}, {25, 65, 40}}
+	shapes := [][3]int{{1, 1, 1}, {5, 15, 7}, {6, 16, 256}, {7, 17, 257}, {13, 40, 300}, {121, 33, 513}, {250, 70, 64}, {3, 200, 1000}, {12, 32, 256}, {25, 65, 40}, {800, 40, 300}}
 	forEachISA(t, func(t *testing.T, isa ISA) {
 		for _, s := range shapes {
 			m, n, k := s[0], s[1], s[2]

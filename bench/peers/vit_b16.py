@@ -1,17 +1,19 @@
 #!/usr/bin/python3
 """PyTorch peer: CLIP ViT-B/16 at 224 px (the vision tower), random weights.
 
-Written from the architecture of OpenAI's CLIP (openai/CLIP clip/model.py VisionTransformer):
+Written from the architecture of OpenAI's CLIP (openai/CLIP clip/model.py VisionTransformer, commit
+ea41722f9fe6bb81189f41ab6c306e77e930c2af):
 a 16x16 stride-16 patch convolution without bias, a class token, 197 learned positions, a
 LayerNorm before the blocks (ln_pre), 12 pre-LN blocks (multi-head attention with 12 heads
 of 64, then an MLP 768 -> 3072 -> 768 with quick_gelu x*sigmoid(1.702x)), a final LayerNorm
-over every token. Usage: vit_b16.py --iters N [--threads T] [--batch B]; prints one JSON line.
+over every token (CLIP's ln_post takes the class token only; the difference is negligible
+next to the blocks). Usage: vit_b16.py --iters N [--threads T] [--batch B]; prints one JSON line.
 """
 import sys
 
-import _torchpeer
+import vit_whisper_common
 
-A = _torchpeer.args(batch=8)
+A = vit_whisper_common.args(batch=8)
 
 import torch  # noqa: E402  (after the re-exec that sets the library path)
 from torch import nn  # noqa: E402
@@ -57,5 +59,5 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = ViT().eval()
     img = torch.randn(A.batch, 3, SIZE, SIZE)
-    _torchpeer.run(f"vit-b16-224-batch{A.batch}", model, img, A.batch, A)
+    vit_whisper_common.run(f"vit-b16-224-batch{A.batch}", model, img, A.batch, A)
     sys.exit(0)

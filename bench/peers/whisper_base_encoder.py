@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch peer: the Whisper-base audio encoder on 30 s (80 x 3000 log-mel), random weights.
 
-Written from the architecture of openai/whisper (whisper/model.py AudioEncoder): two 1-D
+Written from the architecture of openai/whisper (whisper/model.py AudioEncoder, commit
+fdf63e51dc3089e10d72fd25ac04ffe22f86543e): two 1-D
 convolutions of width 3 (80 -> 512, then 512 -> 512 with stride 2), each followed by GELU,
 sinusoidal positions for the 1500 frames, 6 pre-LN blocks (8 heads of 64; the key projection
 has no bias; an MLP 512 -> 2048 -> 512 with exact GELU), a final LayerNorm.
@@ -10,9 +11,9 @@ Usage: whisper_base_encoder.py --iters N [--threads T] [--batch B]; prints one J
 import math
 import sys
 
-import _torchpeer
+import vit_whisper_common
 
-A = _torchpeer.args(batch=4)
+A = vit_whisper_common.args(batch=4)
 
 import torch  # noqa: E402  (after the re-exec that sets the library path)
 from torch import nn  # noqa: E402
@@ -64,5 +65,5 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = Encoder().eval()
     mel = torch.randn(A.batch, MELS, 2 * CTX)
-    _torchpeer.run(f"whisper-base-encoder-30s-batch{A.batch}", model, mel, A.batch, A)
+    vit_whisper_common.run(f"whisper-base-encoder-30s-batch{A.batch}", model, mel, A.batch, A)
     sys.exit(0)

@@ -74,7 +74,7 @@ int main(void) {
 	uint64_t seed = (uint64_t)time(NULL);
 	printf("gemm: random seed %llu\n", (unsigned long long)seed);
 	rng_state = seed;
-	const int64_t shapes[][3] = {{1, 1, 1}, {6, 16, 256}, {7, 17, 257}, {121, 33, 513}, {5, 200, 30}, {250, 40, 64}, {12, 32, 256}, {25, 65, 40}};
+	const int64_t shapes[][3] = {{1, 1, 1}, {6, 16, 256}, {7, 17, 257}, {121, 33, 513}, {5, 200, 30}, {250, 40, 64}, {12, 32, 256}, {25, 65, 40}, {800, 33, 70}};
 	for (int32_t isa = DP_ISA_GENERIC; isa < DP_ISA_COUNT; isa++) {
 		if (!dp_isa_supported(isa)) continue;
 		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
