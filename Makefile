@@ -4,6 +4,7 @@
 GO          ?= go
 BIN         := bin/dataplane
 BUILD       := build
+OPENBLAS_DIR := $(CURDIR)/$(BUILD)/openblas/usr/lib/x86_64-linux-gnu/openblas-pthread
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X dataplane/dataplane.Version=$(VERSION)
 ARGS        ?=
@@ -124,13 +125,17 @@ deps-peers: deps-build
 	$(call need_py,torch,python3-torch)
 	$(call need_py,torchvision,python3-torchvision)
 	$(call need_py,PIL,python3-pil)
-	$(call need_file,/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0,libopenblas0-pthread)
+	@# OpenBLAS unpacked, not installed: installing libopenblas0-pthread switches the machine's
+	@# BLAS alternatives (auto mode), which changes every later measurement.
+	@test -e $(OPENBLAS_DIR)/libopenblas.so.0 || { rm -rf $(BUILD)/openblas && mkdir -p $(BUILD)/openblas && cd $(BUILD)/openblas && \
+	  { apt-get download libopenblas0-pthread 2>/dev/null || { apt-get update -qq && apt-get download libopenblas0-pthread; }; } && \
+	  dpkg-deb -x libopenblas0-pthread_*.deb . && rm -f libopenblas0-pthread_*.deb; }
 
 # Our benchmarks (compiled test binaries) beside their peers, alternating; the cases are
 # bench/peers/cases.go. Minutes; not part of `make test`.
 bench-peers: deps-peers
 	@mkdir -p $(BUILD)
-	$(GO) run ./bench/peers -out $(BUILD)/bench-peers $(PEERS_ARGS)
+	DATAPLANE_OPENBLAS_DIR=$(OPENBLAS_DIR) $(GO) run ./bench/peers -out $(BUILD)/bench-peers $(PEERS_ARGS)
 
 # A real serve (and mock workers) as child processes under the scenarios of bench/chaos: body
 # floods, huge pictures, overload, stuck media, dead workers, SIGTERM, slow headers. Not part of

@@ -15,7 +15,7 @@ padding: 3000 frames), or --wav. The filters are ../shared/fixtures/mel_filters.
 own asset) when present. Run with OpenBLAS for torch's matmul, without touching the machine's
 BLAS alternatives:
 
-    LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread /usr/bin/python3 bench/peers/logmel.py --iters 200
+    LD_LIBRARY_PATH=build/openblas/usr/lib/x86_64-linux-gnu/openblas-pthread /usr/bin/python3 bench/peers/logmel.py --iters 200
 
 Prints one JSON line on stdout ({"peer", "case", "ms_per_item", "cpu_ms_per_item" (user + system
 CPU time of the process: steadier on a shared machine), versions, "blas": the BLAS

@@ -22,9 +22,15 @@ import (
 	"dataplane/native"
 )
 
-// openBLAS is Debian's libopenblas0-pthread, put first on the peers' library path so torch
-// loads it without switching the machine's BLAS alternatives.
-const openBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread"
+// openBLAS is Debian's libopenblas0-pthread unpacked under build/ (make deps-peers: the package
+// is extracted, not installed, because installing it switches the machine's BLAS alternatives),
+// put first on the peers' library path so torch loads it; $DATAPLANE_OPENBLAS_DIR overrides it.
+func openBLAS(root string) string {
+	if d := os.Getenv("DATAPLANE_OPENBLAS_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join(root, "build/openblas/usr/lib/x86_64-linux-gnu/openblas-pthread")
+}
 
 func main() {
 	rounds := flag.Int("rounds", 3, "rounds per case (ours, peer, ours, peer, ...)")
@@ -59,7 +65,8 @@ func run(ctx context.Context, rounds int, only, out, python string) error {
 		return err
 	}
 	bins := filepath.Join(filepath.Dir(out), "bench-peers-bin")
-	blasEnv := []string{"LD_LIBRARY_PATH=" + strings.Trim(openBLAS+":"+os.Getenv("LD_LIBRARY_PATH"), ":")}
+	blasEnv := []string{"LD_LIBRARY_PATH=" + strings.Trim(openBLAS(root)+":"+os.Getenv("LD_LIBRARY_PATH"), ":"),
+		"DATAPLANE_OPENBLAS_DIR=" + openBLAS(root)}
 	env := Env{CPU: cpuModel(), ISA: native.BestISA().String(), BLAS: torchBLAS(ctx, python, blasEnv),
 		Go: runtime.Version(), Rounds: rounds}
 	r := &Runner{Root: root, BinDir: bins, Rounds: rounds, Python: python, Env: blasEnv, Log: os.Stderr, ISA: env.ISA}

@@ -14,7 +14,10 @@ import os
 import sys
 import time
 
-OPENBLAS_DIR = "/usr/lib/x86_64-linux-gnu/openblas-pthread"
+# make deps-peers unpacks Debian's libopenblas0-pthread under build/ (installing it would switch
+# the machine's BLAS alternatives); DATAPLANE_OPENBLAS_DIR overrides the place.
+OPENBLAS_DIR = os.environ.get("DATAPLANE_OPENBLAS_DIR") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "openblas", "usr", "lib", "x86_64-linux-gnu", "openblas-pthread")
 
 
 def args(batch):
