@@ -10,6 +10,9 @@ import (
 // Encoding text whose words are all in the word cache allocates nothing when the caller's
 // buffer has room: the daemon tokenizes every text-only request this way.
 func TestEncodeCacheHitAllocatesNothing(t *testing.T) {
+	if raceEnabled { // a GC under -race and a loaded machine empties the pools mid-count (9 allocations seen)
+		t.Skip("allocation counts are checked without -race (make test's second pass)")
+	}
 	const text = "The quick brown fox jumps over the lazy dog. It was 1999, and the fox (a red one) said: \"hello, world!\""
 	f := func(name string, tk *Tokenizer) {
 		t.Helper()
@@ -18,8 +21,6 @@ func TestEncodeCacheHitAllocatesNothing(t *testing.T) {
 			want, err := tk.AppendEncode(nil, text, opts) // fills the word cache
 			require.NoError(t, err)
 			dst := make([]int32, 0, 2*len(want))
-			// Under -race sync.Pool drops a quarter of its Puts (a new encoder then costs 2
-			// allocations); the average per run stays below 1, which AllocsPerRun rounds to 0.
 			allocs := testing.AllocsPerRun(100, func() {
 				dst, err = tk.AppendEncode(dst[:0], text, opts)
 			})
