@@ -386,6 +386,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 	}
 	if !stream {
 		defer cancel()
+		defer g.Close()
 		defer stopWatch()
 		var text strings.Builder
 		text.WriteString(req.echo)
@@ -420,6 +421,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer cancel()
+		defer g.Close()
 		outcome := "cancelled" // unless the worker's last event says otherwise
 		defer func() { finished(outcome) }()
 		sse := NewSSE(w)
