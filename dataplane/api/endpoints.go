@@ -307,7 +307,8 @@ func (s *Server) pretokenized(body []byte) (parsed, error) {
 // (the completions layout) for the chunk's tokens, or all of them, nil when none came.
 type streamFormat interface {
 	chunk(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish *string, usage *openai.Usage) any
-	whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any
+	// appendWhole appends the whole answer's JSON to b.
+	appendWhole(b []byte, g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) ([]byte, error)
 }
 
 // chatStream writes chat answers; logprobs in chat's layout with top alternatives each.
@@ -329,9 +330,10 @@ func (f chatStream) chunk(g *dataplane.Generation, text string, lp *openai.Compl
 	return c
 }
 
-func (f chatStream) whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any {
-	return openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
-		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, Logprobs: f.logprobs(lp), FinishReason: finish}}}
+func (f chatStream) appendWhole(b []byte, g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) ([]byte, error) {
+	j, err := json.Marshal(openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
+		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, Logprobs: f.logprobs(lp), FinishReason: finish}}})
+	return append(b, j...), err
 }
 
 type completionStream struct{}
@@ -345,10 +347,10 @@ func (completionStream) chunk(g *dataplane.Generation, text string, lp *openai.C
 	return c
 }
 
-func (completionStream) whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any {
-	f := finish
-	return openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
-		Choices: []openai.CompletionChoice{{Text: text, Logprobs: lp, FinishReason: &f}}}
+func (completionStream) appendWhole(b []byte, g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) ([]byte, error) {
+	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
+		Choices: []openai.CompletionChoice{{Text: text, Logprobs: lp, FinishReason: &finish}}}
+	return c.AppendJSON(b)
 }
 
 // generate runs a prompt and answers with the whole completion or a stream of chunks, and
@@ -413,7 +415,14 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 			return
 		}
 		finished("ok")
-		writeJSON(ctx, f.whole(g, text.String(), lp, done.FinishReason, usage(g, done, completion)))
+		// Written into the response's own (pooled) body buffer: no copy, no buffer of ours.
+		body, err := f.appendWhole(ctx.Response.SwapBody(nil)[:0], g, text.String(), lp, done.FinishReason, usage(g, done, completion))
+		ctx.Response.SwapBody(body)
+		if err != nil {
+			writeAPIError(ctx, ErrorOf(err))
+			return
+		}
+		ctx.SetContentType("application/json")
 		return
 	}
 	stopWatch() // the stream's writes notice a client that left
