@@ -255,6 +255,9 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 // items' deadline (ctx). With text_fallback, items that cannot be prepared are dropped from
 // the prompt instead.
 func (r *request) prepareAll(ctx context.Context) error {
+	if len(r.p.Media) == 0 {
+		return nil // text only (and no WaitGroup on the heap for it)
+	}
 	s := r.s
 	items := make([]*item, len(r.p.Media))
 	errs := make([]error, len(r.p.Media))
@@ -504,8 +507,11 @@ func (r *request) place() error {
 // expanded is the prompt as the engine's KV cache holds it: each item's placeholder repeated
 // over its rows (vLLM's expanded form), for the router and the worker.
 func (r *request) expanded() ([]int32, []worker.MediaSpan) {
-	ids := make([]int32, r.pm.Len)
 	spans := make([]worker.MediaSpan, len(r.pm.Spans))
+	if len(spans) == 0 { // text only: the prompt's ids as they are (read only, full: an append copies)
+		return r.pm.TextIDs[:len(r.pm.TextIDs):len(r.pm.TextIDs)], spans
+	}
+	ids := make([]int32, r.pm.Len)
 	ph := r.s.tok.Placeholders()
 	t, row := 0, 0
 	for i, sp := range r.pm.Spans {

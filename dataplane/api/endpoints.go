@@ -263,7 +263,9 @@ func (s *Server) completions(body []byte) (parsed, error) {
 	echo := ""
 	if err == nil && req.PromptIDs == nil {
 		echo = req.Prompt
-		if req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: req.AddSpecialTokens}); err != nil {
+		// Room for English at about 4 bytes a token: one allocation, not a doubling per few words.
+		ids := make([]int32, 0, len(req.Prompt)/4+8)
+		if req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(ids, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: req.AddSpecialTokens}); err != nil {
 			err = BadRequest("prompt", "%v", err)
 		}
 	} else if err == nil && req.Echo {
@@ -363,17 +365,12 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 	}
 	ctx.Response.Header.Set("X-Request-Id", p.ID)
 	start := time.Now()
-	finished := func(outcome string) {
-		s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
-		s.metrics.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
-	}
 	// A request ends early when its client leaves or a drain runs out of time (s.cut).
 	reqCtx, cancelCause := context.WithCancelCause(s.cut)
-	cancel := func() { cancelCause(errClientLeft) }
-	stopWatch := watchDisconnect(ctx.Conn(), cancel)
+	watch := watchDisconnect(ctx.Conn(), cancelCause)
 	g, err := s.svc.Run(reqCtx, p)
 	if err != nil {
-		stopWatch()
+		watch.stop()
 		e := ErrorOf(err)
 		switch context.Cause(reqCtx) { // before cancel, which sets a cause of its own
 		case errShutdown:
@@ -381,15 +378,15 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 		case errClientLeft: // whatever the step it was in made of it (a fetch cut short: a 502)
 			e = &Error{Status: statusCancelled, Type: "cancelled", Message: errClientLeft.Error()}
 		}
-		cancel()
-		finished(outcomeOf(e.Status))
+		cancelCause(errClientLeft)
+		s.finished(endpoint, start, outcomeOf(e.Status))
 		writeAPIError(ctx, e)
 		return
 	}
 	if !stream {
-		defer cancel()
+		defer cancelCause(errClientLeft)
 		defer g.Close()
-		defer stopWatch()
+		defer watch.stop()
 		var text strings.Builder
 		text.WriteString(req.echo)
 		var done worker.Event
@@ -410,11 +407,11 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 		}
 		if !done.Done || done.Err != nil {
 			e := s.generationError(reqCtx, done)
-			finished(outcomeOf(e.Status))
+			s.finished(endpoint, start, outcomeOf(e.Status))
 			writeAPIError(ctx, e)
 			return
 		}
-		finished("ok")
+		s.finished(endpoint, start, "ok")
 		// Written into the response's own (pooled) body buffer: no copy, no buffer of ours.
 		body, err := f.appendWhole(ctx.Response.SwapBody(nil)[:0], g, text.String(), lp, done.FinishReason, usage(g, done, completion))
 		ctx.Response.SwapBody(body)
@@ -425,14 +422,14 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 		ctx.SetContentType("application/json")
 		return
 	}
-	stopWatch() // the stream's writes notice a client that left
+	watch.stop() // the stream's writes notice a client that left
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer cancel()
+		defer cancelCause(errClientLeft)
 		defer g.Close()
 		outcome := "cancelled" // unless the worker's last event says otherwise
-		defer func() { finished(outcome) }()
+		defer func() { s.finished(endpoint, start, outcome) }()
 		sse := NewSSE(w)
 		if _, ok := f.(chatStream); ok {
 			first := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: openai.Now(), Model: g.Model,
@@ -503,35 +500,42 @@ func (s *Server) generationError(ctx context.Context, ev worker.Event) *Error {
 	return &Error{Status: http.StatusBadGateway, Type: "upstream_error", Message: msg}
 }
 
+// finished counts a generation request that ended with outcome, and its latency.
+func (s *Server) finished(endpoint string, start time.Time, outcome string) {
+	s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
+	s.metrics.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
 // watchDisconnect cancels when the client closes its connection while the request is worked
 // on (fasthttp gives handlers no such signal): it peeks at the socket every 50 ms, which
 // consumes nothing a pipelined next request sends. The returned function stops it. A timer,
 // not a goroutine: most requests end before it first fires, and then cost no goroutine start
 // and no wake-up (the text-only path's profile showed both).
-func watchDisconnect(conn net.Conn, cancel func()) func() {
+func watchDisconnect(conn net.Conn, cancel context.CancelCauseFunc) *disconnectWatch {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return func() {}
+		return nil
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
-		return func() {}
+		return nil
 	}
 	w := &disconnectWatch{raw: raw, cancel: cancel}
 	w.mu.Lock() // the timer's function cannot run before w.t is set
 	defer w.mu.Unlock()
 	w.t = time.AfterFunc(disconnectPoll, w.check)
-	return w.stop
+	return w
 }
 
 const disconnectPoll = 50 * time.Millisecond
 
-// disconnectWatch is one request's watch; mu keeps a check from running once stop returned.
+// disconnectWatch is one request's watch (nil: none); mu keeps a check from running once stop
+// returned. It cancels with errClientLeft.
 type disconnectWatch struct {
 	mu      sync.Mutex
 	t       *time.Timer
 	raw     syscall.RawConn
-	cancel  func()
+	cancel  context.CancelCauseFunc
 	stopped bool
 }
 
@@ -543,13 +547,16 @@ func (w *disconnectWatch) check() {
 	}
 	if n, err := peekSocket(w.raw); n == 0 && err == nil { // an orderly shutdown: end of stream
 		w.stopped = true
-		w.cancel()
+		w.cancel(errClientLeft)
 		return
 	}
 	w.t.Reset(disconnectPoll)
 }
 
 func (w *disconnectWatch) stop() {
+	if w == nil {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stopped = true

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"dataplane/dataplane/sequence"
@@ -374,6 +375,10 @@ type rawCompletion struct {
 	AddSpecialTokens *bool   `json:"add_special_tokens"`
 }
 
+// rawCompletions holds decoding scratch: a rawCompletion is 1.6 KB (every refused field), a
+// third of what a text-only request allocated (issue 26).
+var rawCompletions = sync.Pool{New: func() any { return new(rawCompletion) }}
+
 // rawJSON is a field's JSON as it stands in the body, not copied (json.RawMessage copies): it
 // is read before the parse returns, while the body is still there.
 type rawJSON []byte
@@ -399,8 +404,12 @@ func unquote(lit []byte) (string, error) {
 // ParseCompletion parses and checks a text completion request body. The prompt is one string
 // or one list of token ids (a list of one of either is accepted too).
 func ParseCompletion(body []byte, lim Limits) (*CompletionRequest, error) {
-	var raw rawCompletion
-	if err := decode(body, &raw); err != nil {
+	raw := rawCompletions.Get().(*rawCompletion)
+	defer func() {
+		*raw = rawCompletion{} // nothing of it is kept: what the request keeps was copied out
+		rawCompletions.Put(raw)
+	}()
+	if err := decode(body, raw); err != nil {
 		return nil, err
 	}
 	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo, AddSpecialTokens: true}
