@@ -32,7 +32,10 @@ import (
 // Prompt is a parsed request in the form every endpoint reduces to.
 type Prompt struct {
 	// ID is the client's request id (X-Request-Id, checked by the API); "": one is made.
-	ID       string
+	ID string
+	// IDMade says ID came from Service.NewRequestID: unique already, the router and the
+	// feature store know the request by it as it is.
+	IDMade   bool
 	Tokens   []int32                   // prompt token ids with the media placeholders
 	Style    sequence.PlaceholderStyle // how those placeholders are written
 	Media    []*openai.Media           // in placeholder order
@@ -158,7 +161,7 @@ func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 	if r.id == "" {
 		r.id = s.NewRequestID()
 	}
-	r.key = s.requestKey(r.id, p.ID != "")
+	r.key = s.requestKey(r.id, p.ID != "" && !p.IDMade)
 	g, err := r.run(ctx)
 	if err != nil {
 		r.release(err)

@@ -361,7 +361,7 @@ func (completionStream) appendWhole(b []byte, g *dataplane.Generation, text stri
 func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed) {
 	p, stream, includeUsage, f := req.p, req.stream, req.includeUsage, req.format
 	if p.ID == "" {
-		p.ID = s.svc.NewRequestID()
+		p.ID, p.IDMade = s.svc.NewRequestID(), true
 	}
 	ctx.Response.Header.Set("X-Request-Id", p.ID)
 	start := time.Now()
