@@ -32,7 +32,10 @@ import (
 // Prompt is a parsed request in the form every endpoint reduces to.
 type Prompt struct {
 	// ID is the client's request id (X-Request-Id, checked by the API); "": one is made.
-	ID       string
+	ID string
+	// IDMade says ID came from Service.NewRequestID: unique already, the router and the
+	// feature store know the request by it as it is.
+	IDMade   bool
 	Tokens   []int32                   // prompt token ids with the media placeholders
 	Style    sequence.PlaceholderStyle // how those placeholders are written
 	Media    []*openai.Media           // in placeholder order
@@ -45,13 +48,94 @@ type Prompt struct {
 	Memory *memory.Account
 }
 
-// Generation is a request handed to an LLM worker: its events and how it was routed.
+// Generation is a request handed to an LLM worker: its events and how it was routed. One
+// goroutine reads it (Events) and then closes it (Close).
 type Generation struct {
 	ID           string
 	Model        string
 	Worker       string
 	PromptTokens int
-	Events       <-chan worker.Event // closed after the Done event
+
+	// The reader takes the worker's events straight from its channel, with no goroutine
+	// between: a relay cost a goroutine start and two hand-offs a request (issue 26).
+	r     *request
+	e     *workerEntry
+	ctx   context.Context
+	in    <-chan worker.Event
+	first worker.Event // the worker's first event, already received (held until read)
+	held  bool         // first is still to be read
+	ended bool         // the last event was read, or the generation ended without it
+}
+
+// Events yields the worker's events in order, the Done event last (its Err, when the worker
+// failed, is an upstreamError naming it). It stops early, without a Done event, when the
+// request's context ends or the worker's stream ends without one. The request releases what it
+// holds when its Done event is read; Close releases it otherwise.
+func (g *Generation) Events(yield func(worker.Event) bool) {
+	for {
+		ev, ok := g.next()
+		if !ok || !yield(ev) || ev.Done {
+			return
+		}
+	}
+}
+
+// next is the next event; false once the generation ended.
+func (g *Generation) next() (worker.Event, bool) {
+	if g.ended {
+		return worker.Event{}, false
+	}
+	ev := g.first
+	if g.held {
+		g.first, g.held = worker.Event{}, false
+	} else {
+		var ok bool
+		select {
+		case ev, ok = <-g.in:
+			if !ok {
+				g.end(errors.New("the worker's stream ended without a final event"))
+				return worker.Event{}, false
+			}
+		case <-g.ctx.Done(): // the worker ends the generation with ctx
+			g.end(g.ctx.Err())
+			return worker.Event{}, false
+		}
+	}
+	if !ev.Done {
+		return ev, true
+	}
+	final := ev.Err
+	switch {
+	case final == nil:
+		final = errDone
+	case g.ctx.Err() == nil:
+		r, e := g.r, g.e
+		r.s.log.Warn("LLM worker failed mid-stream", "request", r.id, "worker", e.name, "err", final)
+		if unavailable(final) {
+			r.s.markDown(e, final)
+		}
+		ev.Err = &upstreamError{msg: e.label + ": " + worker.Public(final), cause: final}
+	}
+	g.end(final)
+	return ev, true
+}
+
+func (g *Generation) end(err error) {
+	g.ended = true
+	g.r.release(err)
+}
+
+// Close releases everything the request still holds (nothing once its Done event was read):
+// the reader calls it when it stops reading, whatever the reason. The worker's generation ends
+// with the request's context, which the caller cancels.
+func (g *Generation) Close() {
+	if !g.ended {
+		err := g.ctx.Err()
+		if err == nil {
+			err = context.Canceled
+		}
+		g.end(err)
+	}
 }
 
 // storeError is a feature-store refusal about param: its chain keeps the *features.BudgetError
@@ -64,7 +148,9 @@ func storeError(err error, param string) *Error {
 }
 
 // Run takes a prompt through the whole path and returns once the worker's first event has
-// arrived; it owns p from then on. Its errors are *Error, or the context's error when ctx ends first.
+// arrived; it owns p from then on. The caller reads the generation's events on one goroutine
+// and closes it, then cancels ctx. Its errors are *Error, or the context's error when ctx ends
+// first.
 func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 	if !s.begin() {
 		p.Memory.Close()
@@ -75,7 +161,7 @@ func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 	if r.id == "" {
 		r.id = s.NewRequestID()
 	}
-	r.key = s.requestKey(r.id, p.ID != "")
+	r.key = s.requestKey(r.id, p.ID != "" && !p.IDMade)
 	g, err := r.run(ctx)
 	if err != nil {
 		r.release(err)
@@ -172,6 +258,9 @@ func (r *request) run(ctx context.Context) (*Generation, error) {
 // items' deadline (ctx). With text_fallback, items that cannot be prepared are dropped from
 // the prompt instead.
 func (r *request) prepareAll(ctx context.Context) error {
+	if len(r.p.Media) == 0 {
+		return nil // text only (and no WaitGroup on the heap for it)
+	}
 	s := r.s
 	items := make([]*item, len(r.p.Media))
 	errs := make([]error, len(r.p.Media))
@@ -421,8 +510,11 @@ func (r *request) place() error {
 // expanded is the prompt as the engine's KV cache holds it: each item's placeholder repeated
 // over its rows (vLLM's expanded form), for the router and the worker.
 func (r *request) expanded() ([]int32, []worker.MediaSpan) {
-	ids := make([]int32, r.pm.Len)
 	spans := make([]worker.MediaSpan, len(r.pm.Spans))
+	if len(spans) == 0 { // text only: the prompt's ids as they are (read only, full: an append copies)
+		return r.pm.TextIDs[:len(r.pm.TextIDs):len(r.pm.TextIDs)], spans
+	}
+	ids := make([]int32, r.pm.Len)
 	ph := r.s.tok.Placeholders()
 	t, row := 0, 0
 	for i, sp := range r.pm.Spans {
@@ -666,9 +758,13 @@ func (r *request) attempt(ctx context.Context, d router.Decision, e *workerEntry
 		}
 		return nil, err
 	}
-	out := make(chan worker.Event, 16)
-	go r.forward(ctx, e, first, events, out)
-	return &Generation{ID: r.id, Model: s.models.Name, Worker: e.name, PromptTokens: r.pm.Len, Events: out}, nil
+	s.metrics.ttft.Observe(time.Since(r.start).Seconds())
+	s.router.FirstToken(r.key)
+	if r.fr != nil {
+		r.fr.Prefilled() //nolint:errcheck // a cancelled request has nothing left to mark
+	}
+	return &Generation{ID: r.id, Model: s.models.Name, Worker: e.name, PromptTokens: r.pm.Len,
+		r: r, e: e, ctx: ctx, in: events, first: first, held: true}, nil
 }
 
 // workerRequest is what a worker is handed: the expanded sequence, its media, the merged
@@ -737,55 +833,6 @@ type upstreamError struct {
 
 func (e *upstreamError) Error() string { return e.msg }
 func (e *upstreamError) Unwrap() error { return e.cause }
-
-// forward relays the worker's events from the first (already received), marking prefill at
-// the first and releasing everything at the last (or when the client leaves). A failure the
-// last event reports reaches the client as an upstreamError.
-func (r *request) forward(ctx context.Context, e *workerEntry, ev worker.Event, in <-chan worker.Event, out chan<- worker.Event) {
-	defer close(out)
-	var final error
-	defer func() { r.release(final) }()
-	r.s.metrics.ttft.Observe(time.Since(r.start).Seconds())
-	r.s.router.FirstToken(r.key)
-	if r.fr != nil {
-		r.fr.Prefilled() //nolint:errcheck // a cancelled request has nothing left to mark
-	}
-	for {
-		if ev.Done {
-			final = ev.Err
-			switch {
-			case final == nil:
-				final = errDone
-			case ctx.Err() == nil:
-				r.s.log.Warn("LLM worker failed mid-stream", "request", r.id, "worker", e.name, "err", final)
-				if unavailable(final) {
-					r.s.markDown(e, final)
-				}
-				ev.Err = &upstreamError{msg: e.label + ": " + worker.Public(final), cause: final}
-			}
-		}
-		select {
-		case out <- ev:
-		case <-ctx.Done():
-			final = ctx.Err()
-			return
-		}
-		if ev.Done {
-			return
-		}
-		var ok bool
-		select {
-		case ev, ok = <-in:
-			if !ok {
-				final = errors.New("the worker's stream ended without a final event")
-				return
-			}
-		case <-ctx.Done():
-			final = ctx.Err()
-			return
-		}
-	}
-}
 
 // errDone marks a generation that ended well.
 var errDone = errors.New("done")

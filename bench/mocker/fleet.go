@@ -128,6 +128,22 @@ func (f *Fleet) Submit(ctx context.Context, i int, r *Request) error {
 	}
 }
 
+// Post hands request r to engine i without waiting: r.Sink gets its outputs, or refused, on
+// the loop goroutine, the engine's refusal (ErrQueueFull, *ErrBadRequest). The fleet must be
+// running; i must be an engine's.
+func (f *Fleet) Post(i int, r *Request, refused func(error)) {
+	l, e := f.loopOf[i], f.engines[i]
+	l.Do(func(now time.Duration) {
+		wake, err := e.Submit(r, now)
+		if wake {
+			l.Wake(e)
+		}
+		if err != nil {
+			refused(err)
+		}
+	})
+}
+
 // SubmitAt is Submit for loop-goroutine callers (a virtual-time harness): it submits at once.
 func (f *Fleet) SubmitAt(i int, r *Request, now time.Duration) error {
 	l, e := f.loopOf[i], f.engines[i]

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net"
 	"net/http"
 	"strconv"
@@ -288,6 +289,15 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 	}
 	wk := s.workers[engine]
 	events, err := wk.Generate(r.Context(), wreq)
+	var first worker.Event
+	started := false
+	if err == nil { // the engine's refusal is the stream's only event
+		first, started = <-events
+		var bad *ErrBadRequest
+		if started && first.Done && first.Tokens == 0 && (errors.As(first.Err, &bad) || errors.Is(first.Err, worker.ErrUnavailable)) {
+			err = first.Err
+		}
+	}
 	if err != nil {
 		var bad *ErrBadRequest
 		var invalid *openai.RequestError
@@ -308,7 +318,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 	if !req.Stream {
 		var text strings.Builder
 		n := 0
-		for ev := range events {
+		for ev := range withFirst(first, started, events) {
 			text.WriteString(ev.Text)
 			n += ev.Tokens
 			if ev.Done {
@@ -339,7 +349,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 		}
 	}
 	n := 0
-	for ev := range events {
+	for ev := range withFirst(first, started, events) {
 		if ev.Done {
 			if ev.Err != nil {
 				if !errors.Is(ev.Err, context.Canceled) {
@@ -374,6 +384,20 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, engine int) {
 			text = text[next:]
 		}
 		flush()
+	}
+}
+
+// withFirst yields first (when there is one) and then the rest of events.
+func withFirst(first worker.Event, ok bool, events <-chan worker.Event) iter.Seq[worker.Event] {
+	return func(yield func(worker.Event) bool) {
+		if !ok || !yield(first) {
+			return
+		}
+		for ev := range events {
+			if !yield(ev) {
+				return
+			}
+		}
 	}
 }
 

@@ -106,6 +106,46 @@ func TestWorkerInProcess(t *testing.T) {
 	require.ErrorAs(t, err, &bad)
 }
 
+// An in-process worker never blocks its engine's loop: a reader that takes nothing until the
+// generation ended gets every token, coalesced into at most the channel's events, and then the
+// Done event (delivered by a goroutine, the channel having been full). An engine's refusal is
+// the stream's only event.
+func TestWorkerSlowReaderAndRefusal(t *testing.T) {
+	f, _ := startFleet(t, 1)
+	w := f.Workers()[0]
+	const maxTokens = 40
+	ch, err := w.Generate(context.Background(), &worker.Request{TokenIDs: []int32{1, 2, 3}, Sampling: openai.Sampling{MaxTokens: maxTokens}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		finished := int64(0)
+		_ = f.Inspect(context.Background(), 0, func(e *Engine) { finished = e.Stats().Finished })
+		return finished == 1
+	}, 5*time.Second, time.Millisecond, "the engine finished while nobody read")
+	events := 0
+	var text string
+	var n int
+	var done worker.Event
+	for ev := range ch {
+		events++
+		text, n = text+ev.Text, n+ev.Tokens
+		done = ev
+	}
+	require.True(t, done.Done)
+	require.NoError(t, done.Err)
+	require.Equal(t, maxTokens, n)
+	require.Len(t, strings.Fields(text), maxTokens, text)
+	require.LessOrEqual(t, events, streamBuffer+2, "tokens coalesce while the channel is full")
+
+	ch, err = w.Generate(context.Background(), &worker.Request{Sampling: openai.Sampling{MaxTokens: 2}}) // no prompt
+	require.NoError(t, err)
+	text, n, done = collect(t, ch)
+	var bad *ErrBadRequest
+	require.ErrorAs(t, done.Err, &bad)
+	require.Contains(t, bad.Problem, "empty prompt")
+	require.Zero(t, n)
+	require.Empty(t, text)
+}
+
 // Non-streamed text completions, /v1/models, /engines and errors that say what was wrong.
 func TestHTTPRoutes(t *testing.T) {
 	_, srv := startFleet(t, 2)

@@ -72,6 +72,9 @@ func (w *Worker) Check(s *openai.Sampling) error {
 // token; the last is Done with the prompt and cached token counts. Cancelling ctx aborts the
 // request in the engine and ends the stream with ctx's error. A full engine queue is
 // worker.ErrUnavailable; a sampling field it does not honour (Check) an *openai.RequestError.
+// The engine's refusal of a request (a full queue, a bad request) comes as the stream's only
+// event, a Done one with the error and no token: the caller waits once, for the first event,
+// not for the submission and then for it.
 func (w *Worker) Generate(ctx context.Context, req *worker.Request) (<-chan worker.Event, error) {
 	if err := w.Check(&req.Sampling); err != nil {
 		return nil, err
@@ -82,17 +85,110 @@ func (w *Worker) Generate(ctx context.Context, req *worker.Request) (<-chan work
 	}
 	// The engine's id is the worker's own: a client may reuse its request id (X-Request-Id).
 	r.ID = w.Name() + "-" + strconv.FormatUint(w.ids.Add(1), 10)
-	mb := newMailbox()
-	r.Sink = mb.put
-	if err := w.fleet.Submit(ctx, w.i, r); err != nil {
+	st := &stream{ctx: ctx, out: make(chan worker.Event, streamBuffer)}
+	r.Sink = st.put
+	w.fleet.Post(w.i, r, func(err error) {
 		if errors.Is(err, ErrQueueFull) {
-			return nil, fmt.Errorf("%w: %s: %v", worker.ErrUnavailable, w.Name(), err)
+			err = fmt.Errorf("%w: %s: %v", worker.ErrUnavailable, w.Name(), err)
 		}
-		return nil, err
+		st.finish(worker.Event{Done: true, Err: err})
+	})
+	// Abort when ctx ends first; after Post, so the abort follows the submission in the loop's
+	// inbox. No goroutine waits for it.
+	stop := context.AfterFunc(ctx, func() { w.fleet.Abort(w.i, r.ID) })
+	st.mu.Lock()
+	st.stop = stop
+	ended := st.ended
+	st.mu.Unlock()
+	if ended {
+		stop()
 	}
-	out := make(chan worker.Event, 16)
-	go mb.forward(ctx, out, func() { w.fleet.Abort(w.i, r.ID) })
-	return out, nil
+	return st.out, nil
+}
+
+// streamBuffer is how many events a reader may fall behind before tokens coalesce.
+const streamBuffer = 8
+
+// stream hands an engine's outputs to a request's reader from the engine's loop goroutine
+// (put), never blocking it: tokens accumulate as text while the reader is behind (its channel
+// full) and go with the next output; a Done output that finds the channel full is delivered by
+// a goroutine of its own. A request whose reader keeps up costs no goroutine and no hand-off
+// but the channel's (issue 26: a mailbox goroutine per request cost two).
+type stream struct {
+	ctx    context.Context
+	out    chan worker.Event
+	text   []byte // loop goroutine only
+	tokens int
+
+	mu    sync.Mutex
+	stop  func() bool // ends the abort watch (context.AfterFunc's stop)
+	ended bool
+}
+
+func (s *stream) put(o Output) {
+	if o.Err == nil {
+		s.text = AppendTokenText(s.text, o.Token)
+		s.tokens++
+	}
+	if s.tokens > 0 {
+		select {
+		case s.out <- worker.Event{Text: string(s.text), Tokens: s.tokens}:
+			s.text, s.tokens = s.text[:0], 0
+		default: // the reader is behind: the text goes with the next output
+		}
+	}
+	if o.Done {
+		s.finish(worker.Event{Done: true, Err: o.Err, FinishReason: o.FinishReason,
+			PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens})
+	}
+}
+
+// finish ends the stream with done (ctx's error and "abort" when ctx ended): at once when the
+// reader has room, else from a goroutine that waits for it (or for ctx); then closes it.
+func (s *stream) finish(done worker.Event) {
+	s.mu.Lock()
+	s.ended = true
+	stop := s.stop
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	if err := s.ctx.Err(); err != nil {
+		done = worker.Event{Done: true, Err: err, FinishReason: "abort"}
+	}
+	var rest *worker.Event
+	if s.tokens > 0 {
+		rest = &worker.Event{Text: string(s.text), Tokens: s.tokens}
+	} else {
+		select {
+		case s.out <- done:
+			close(s.out)
+			return
+		default:
+		}
+	}
+	go s.deliver(rest, done)
+}
+
+// deliver sends what is left of the stream as the reader takes it; when ctx ends first, the
+// Done event with ctx's error is offered instead (dropped if the reader stopped reading).
+func (s *stream) deliver(rest *worker.Event, done worker.Event) {
+	defer close(s.out)
+	evs := []worker.Event{done}
+	if rest != nil {
+		evs = []worker.Event{*rest, done}
+	}
+	for _, ev := range evs {
+		select {
+		case s.out <- ev:
+		case <-s.ctx.Done():
+			select {
+			case s.out <- worker.Event{Done: true, Err: s.ctx.Err(), FinishReason: "abort"}:
+			default:
+			}
+			return
+		}
+	}
 }
 
 // RequestFromWorker converts the daemon's request (token ids, media spans, salt, sampling).
@@ -121,84 +217,6 @@ func RequestFromWorker(req *worker.Request) (*Request, error) {
 		r.MediaIDs = append(r.MediaIDs, m.ID)
 	}
 	return r, nil
-}
-
-// mailbox hands an engine's outputs (loop goroutine) to a request's reader without ever
-// blocking the loop: tokens accumulate as text until the reader takes them.
-type mailbox struct {
-	mu     sync.Mutex
-	text   []byte
-	tokens int
-	done   *Output
-	notify chan struct{}
-}
-
-func newMailbox() *mailbox { return &mailbox{notify: make(chan struct{}, 1)} }
-
-func (m *mailbox) put(o Output) {
-	m.mu.Lock()
-	if o.Err == nil {
-		m.text = AppendTokenText(m.text, o.Token)
-		m.tokens++
-	}
-	if o.Done {
-		m.done = &o
-	}
-	m.mu.Unlock()
-	select {
-	case m.notify <- struct{}{}:
-	default:
-	}
-}
-
-// take returns what accumulated since the last take.
-func (m *mailbox) take() (text string, tokens int, done *Output) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	text, tokens, done = string(m.text), m.tokens, m.done
-	m.text, m.tokens = m.text[:0], 0
-	return text, tokens, done
-}
-
-// forward moves outputs to out until the Done output (or ctx ends: abort, then a Done event
-// with ctx's error), then closes out.
-func (m *mailbox) forward(ctx context.Context, out chan<- worker.Event, abort func()) {
-	defer close(out)
-	for {
-		select {
-		case <-m.notify:
-		case <-ctx.Done():
-			cancelled(ctx, out, abort)
-			return
-		}
-		text, n, done := m.take()
-		if n > 0 {
-			select {
-			case out <- worker.Event{Text: text, Tokens: n}:
-			case <-ctx.Done():
-				cancelled(ctx, out, abort)
-				return
-			}
-		}
-		if done != nil {
-			select {
-			case out <- worker.Event{Done: true, Err: done.Err, FinishReason: done.FinishReason,
-				PromptTokens: done.PromptTokens, CachedTokens: done.CachedTokens}:
-			case <-ctx.Done():
-			}
-			return
-		}
-	}
-}
-
-// cancelled aborts the request in the engine and offers the reader a Done event with ctx's
-// error (dropped if the reader stopped reading).
-func cancelled(ctx context.Context, out chan<- worker.Event, abort func()) {
-	abort()
-	select {
-	case out <- worker.Event{Done: true, Err: ctx.Err(), FinishReason: "abort"}:
-	default:
-	}
 }
 
 // AppendTokenText appends a generated token's text: " t" and its id.

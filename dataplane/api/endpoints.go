@@ -263,7 +263,9 @@ func (s *Server) completions(body []byte) (parsed, error) {
 	echo := ""
 	if err == nil && req.PromptIDs == nil {
 		echo = req.Prompt
-		if req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(nil, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: req.AddSpecialTokens}); err != nil {
+		// Room for English at about 4 bytes a token: one allocation, not a doubling per few words.
+		ids := make([]int32, 0, len(req.Prompt)/4+8)
+		if req.PromptIDs, err = s.svc.Tokenizer().AppendEncode(ids, req.Prompt, tokenizer.EncodeOptions{AddSpecialTokens: req.AddSpecialTokens}); err != nil {
 			err = BadRequest("prompt", "%v", err)
 		}
 	} else if err == nil && req.Echo {
@@ -307,7 +309,8 @@ func (s *Server) pretokenized(body []byte) (parsed, error) {
 // (the completions layout) for the chunk's tokens, or all of them, nil when none came.
 type streamFormat interface {
 	chunk(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish *string, usage *openai.Usage) any
-	whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any
+	// appendWhole appends the whole answer's JSON to b.
+	appendWhole(b []byte, g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) ([]byte, error)
 }
 
 // chatStream writes chat answers; logprobs in chat's layout with top alternatives each.
@@ -329,9 +332,10 @@ func (f chatStream) chunk(g *dataplane.Generation, text string, lp *openai.Compl
 	return c
 }
 
-func (f chatStream) whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any {
-	return openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
-		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, Logprobs: f.logprobs(lp), FinishReason: finish}}}
+func (f chatStream) appendWhole(b []byte, g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) ([]byte, error) {
+	j, err := json.Marshal(openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
+		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, Logprobs: f.logprobs(lp), FinishReason: finish}}})
+	return append(b, j...), err
 }
 
 type completionStream struct{}
@@ -345,10 +349,10 @@ func (completionStream) chunk(g *dataplane.Generation, text string, lp *openai.C
 	return c
 }
 
-func (completionStream) whole(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) any {
-	f := finish
-	return openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
-		Choices: []openai.CompletionChoice{{Text: text, Logprobs: lp, FinishReason: &f}}}
+func (completionStream) appendWhole(b []byte, g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) ([]byte, error) {
+	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: openai.Now(), Model: g.Model, Usage: &usage,
+		Choices: []openai.CompletionChoice{{Text: text, Logprobs: lp, FinishReason: &finish}}}
+	return c.AppendJSON(b)
 }
 
 // generate runs a prompt and answers with the whole completion or a stream of chunks, and
@@ -357,21 +361,16 @@ func (completionStream) whole(g *dataplane.Generation, text string, lp *openai.C
 func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed) {
 	p, stream, includeUsage, f := req.p, req.stream, req.includeUsage, req.format
 	if p.ID == "" {
-		p.ID = s.svc.NewRequestID()
+		p.ID, p.IDMade = s.svc.NewRequestID(), true
 	}
 	ctx.Response.Header.Set("X-Request-Id", p.ID)
 	start := time.Now()
-	finished := func(outcome string) {
-		s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
-		s.metrics.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
-	}
 	// A request ends early when its client leaves or a drain runs out of time (s.cut).
 	reqCtx, cancelCause := context.WithCancelCause(s.cut)
-	cancel := func() { cancelCause(errClientLeft) }
-	stopWatch := watchDisconnect(ctx.Conn(), cancel)
+	watch := watchDisconnect(ctx.Conn(), cancelCause)
 	g, err := s.svc.Run(reqCtx, p)
 	if err != nil {
-		stopWatch()
+		watch.stop()
 		e := ErrorOf(err)
 		switch context.Cause(reqCtx) { // before cancel, which sets a cause of its own
 		case errShutdown:
@@ -379,14 +378,15 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 		case errClientLeft: // whatever the step it was in made of it (a fetch cut short: a 502)
 			e = &Error{Status: statusCancelled, Type: "cancelled", Message: errClientLeft.Error()}
 		}
-		cancel()
-		finished(outcomeOf(e.Status))
+		cancelCause(errClientLeft)
+		s.finished(endpoint, start, outcomeOf(e.Status))
 		writeAPIError(ctx, e)
 		return
 	}
 	if !stream {
-		defer cancel()
-		defer stopWatch()
+		defer cancelCause(errClientLeft)
+		defer g.Close()
+		defer watch.stop()
 		var text strings.Builder
 		text.WriteString(req.echo)
 		var done worker.Event
@@ -407,21 +407,29 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 		}
 		if !done.Done || done.Err != nil {
 			e := s.generationError(reqCtx, done)
-			finished(outcomeOf(e.Status))
+			s.finished(endpoint, start, outcomeOf(e.Status))
 			writeAPIError(ctx, e)
 			return
 		}
-		finished("ok")
-		writeJSON(ctx, f.whole(g, text.String(), lp, done.FinishReason, usage(g, done, completion)))
+		s.finished(endpoint, start, "ok")
+		// Written into the response's own (pooled) body buffer: no copy, no buffer of ours.
+		body, err := f.appendWhole(ctx.Response.SwapBody(nil)[:0], g, text.String(), lp, done.FinishReason, usage(g, done, completion))
+		ctx.Response.SwapBody(body)
+		if err != nil {
+			writeAPIError(ctx, ErrorOf(err))
+			return
+		}
+		ctx.SetContentType("application/json")
 		return
 	}
-	stopWatch() // the stream's writes notice a client that left
+	watch.stop() // the stream's writes notice a client that left
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer cancel()
+		defer cancelCause(errClientLeft)
+		defer g.Close()
 		outcome := "cancelled" // unless the worker's last event says otherwise
-		defer func() { finished(outcome) }()
+		defer func() { s.finished(endpoint, start, outcome) }()
 		sse := NewSSE(w)
 		if _, ok := f.(chatStream); ok {
 			first := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: openai.Now(), Model: g.Model,
@@ -492,35 +500,42 @@ func (s *Server) generationError(ctx context.Context, ev worker.Event) *Error {
 	return &Error{Status: http.StatusBadGateway, Type: "upstream_error", Message: msg}
 }
 
+// finished counts a generation request that ended with outcome, and its latency.
+func (s *Server) finished(endpoint string, start time.Time, outcome string) {
+	s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
+	s.metrics.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
 // watchDisconnect cancels when the client closes its connection while the request is worked
 // on (fasthttp gives handlers no such signal): it peeks at the socket every 50 ms, which
 // consumes nothing a pipelined next request sends. The returned function stops it. A timer,
 // not a goroutine: most requests end before it first fires, and then cost no goroutine start
 // and no wake-up (the text-only path's profile showed both).
-func watchDisconnect(conn net.Conn, cancel func()) func() {
+func watchDisconnect(conn net.Conn, cancel context.CancelCauseFunc) *disconnectWatch {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return func() {}
+		return nil
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
-		return func() {}
+		return nil
 	}
 	w := &disconnectWatch{raw: raw, cancel: cancel}
 	w.mu.Lock() // the timer's function cannot run before w.t is set
 	defer w.mu.Unlock()
 	w.t = time.AfterFunc(disconnectPoll, w.check)
-	return w.stop
+	return w
 }
 
 const disconnectPoll = 50 * time.Millisecond
 
-// disconnectWatch is one request's watch; mu keeps a check from running once stop returned.
+// disconnectWatch is one request's watch (nil: none); mu keeps a check from running once stop
+// returned. It cancels with errClientLeft.
 type disconnectWatch struct {
 	mu      sync.Mutex
 	t       *time.Timer
 	raw     syscall.RawConn
-	cancel  func()
+	cancel  context.CancelCauseFunc
 	stopped bool
 }
 
@@ -532,13 +547,16 @@ func (w *disconnectWatch) check() {
 	}
 	if n, err := peekSocket(w.raw); n == 0 && err == nil { // an orderly shutdown: end of stream
 		w.stopped = true
-		w.cancel()
+		w.cancel(errClientLeft)
 		return
 	}
 	w.t.Reset(disconnectPoll)
 }
 
 func (w *disconnectWatch) stop() {
+	if w == nil {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stopped = true

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -180,5 +181,23 @@ func FuzzParse(f *testing.F) {
 			s = pt.Sampling
 		}
 		check(&s, err)
+	})
+}
+
+// unquote's fast path (no escapes, valid UTF-8: the bytes between the quotes) decodes every
+// string literal as encoding/json does.
+func FuzzUnquote(f *testing.F) {
+	for _, s := range []string{`""`, `"The quick brown fox"`, `"caf\u00e9 \"q\" \\ \/"`, "\"caf\xc3\xa9\"", "\"bad \xff utf8\"",
+		`"\ud83d\ude00"`, `"<&>"`, "\"\u2028\""} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, lit []byte) {
+		var want string
+		if json.Unmarshal(lit, &want) != nil || len(lit) < 2 || lit[0] != '"' || lit[len(lit)-1] != '"' {
+			return // not a bare string literal: unquote is only given checked ones
+		}
+		got, err := unquote(lit)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
 	})
 }
