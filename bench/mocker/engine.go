@@ -1,6 +1,7 @@
 package mocker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -83,6 +84,11 @@ type Request struct {
 	// Sink receives the request's outputs, in order, on the engine's loop goroutine; it must
 	// not block (hand off to a channel with room, or record and return).
 	Sink func(Output)
+	// Ctx, when set, aborts the request once it ends, as Abort would, noticed when the engine
+	// plans its next step: a context.AfterFunc per request cost the daemon's text-only path
+	// allocations and a lock (issue 26). An engine holding a request is always stepping, so
+	// this is as soon as Abort takes effect.
+	Ctx context.Context
 }
 
 // Output is one step's result for a request.
@@ -560,6 +566,9 @@ func (e *Engine) dropAborted(now time.Duration) {
 	drop := func(q []*seq) []*seq {
 		out := q[:0]
 		for _, s := range q {
+			if !s.aborted && s.req.Ctx != nil && s.req.Ctx.Err() != nil {
+				s.aborted = true
+			}
 			if !s.aborted {
 				out = append(out, s)
 				continue

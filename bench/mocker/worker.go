@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	"dataplane/dataplane/openai"
@@ -84,25 +83,16 @@ func (w *Worker) Generate(ctx context.Context, req *worker.Request) (<-chan work
 		return nil, err
 	}
 	// The engine's id is the worker's own: a client may reuse its request id (X-Request-Id).
-	r.ID = w.Name() + "-" + strconv.FormatUint(w.ids.Add(1), 10)
+	var id [48]byte // one allocation for the id, not two
+	r.ID = string(strconv.AppendUint(append(append(id[:0], w.Name()...), '-'), w.ids.Add(1), 10))
 	st := &stream{ctx: ctx, out: make(chan worker.Event, streamBuffer)}
-	r.Sink = st.put
+	r.Sink, r.Ctx = st.put, ctx // the engine aborts r when ctx ends first
 	w.fleet.Post(w.i, r, func(err error) {
 		if errors.Is(err, ErrQueueFull) {
 			err = fmt.Errorf("%w: %s: %v", worker.ErrUnavailable, w.Name(), err)
 		}
 		st.finish(worker.Event{Done: true, Err: err})
 	})
-	// Abort when ctx ends first; after Post, so the abort follows the submission in the loop's
-	// inbox. No goroutine waits for it.
-	stop := context.AfterFunc(ctx, func() { w.fleet.Abort(w.i, r.ID) })
-	st.mu.Lock()
-	st.stop = stop
-	ended := st.ended
-	st.mu.Unlock()
-	if ended {
-		stop()
-	}
 	return st.out, nil
 }
 
@@ -119,10 +109,6 @@ type stream struct {
 	out    chan worker.Event
 	text   []byte // loop goroutine only
 	tokens int
-
-	mu    sync.Mutex
-	stop  func() bool // ends the abort watch (context.AfterFunc's stop)
-	ended bool
 }
 
 func (s *stream) put(o Output) {
@@ -146,13 +132,6 @@ func (s *stream) put(o Output) {
 // finish ends the stream with done (ctx's error and "abort" when ctx ended): at once when the
 // reader has room, else from a goroutine that waits for it (or for ctx); then closes it.
 func (s *stream) finish(done worker.Event) {
-	s.mu.Lock()
-	s.ended = true
-	stop := s.stop
-	s.mu.Unlock()
-	if stop != nil {
-		stop()
-	}
 	if err := s.ctx.Err(); err != nil {
 		done = worker.Event{Done: true, Err: err, FinishReason: "abort"}
 	}

@@ -7,13 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -367,7 +364,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 	start := time.Now()
 	// A request ends early when its client leaves or a drain runs out of time (s.cut).
 	reqCtx, cancelCause := context.WithCancelCause(s.cut)
-	watch := watchDisconnect(ctx.Conn(), cancelCause)
+	watch := s.disconnects.watch(ctx.Conn(), cancelCause)
 	g, err := s.svc.Run(reqCtx, p)
 	if err != nil {
 		watch.stop()
@@ -504,61 +501,4 @@ func (s *Server) generationError(ctx context.Context, ev worker.Event) *Error {
 func (s *Server) finished(endpoint string, start time.Time, outcome string) {
 	s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
 	s.metrics.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
-}
-
-// watchDisconnect cancels when the client closes its connection while the request is worked
-// on (fasthttp gives handlers no such signal): it peeks at the socket every 50 ms, which
-// consumes nothing a pipelined next request sends. The returned function stops it. A timer,
-// not a goroutine: most requests end before it first fires, and then cost no goroutine start
-// and no wake-up (the text-only path's profile showed both).
-func watchDisconnect(conn net.Conn, cancel context.CancelCauseFunc) *disconnectWatch {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return nil
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	w := &disconnectWatch{raw: raw, cancel: cancel}
-	w.mu.Lock() // the timer's function cannot run before w.t is set
-	defer w.mu.Unlock()
-	w.t = time.AfterFunc(disconnectPoll, w.check)
-	return w
-}
-
-const disconnectPoll = 50 * time.Millisecond
-
-// disconnectWatch is one request's watch (nil: none); mu keeps a check from running once stop
-// returned. It cancels with errClientLeft.
-type disconnectWatch struct {
-	mu      sync.Mutex
-	t       *time.Timer
-	raw     syscall.RawConn
-	cancel  context.CancelCauseFunc
-	stopped bool
-}
-
-func (w *disconnectWatch) check() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopped {
-		return
-	}
-	if n, err := peekSocket(w.raw); n == 0 && err == nil { // an orderly shutdown: end of stream
-		w.stopped = true
-		w.cancel(errClientLeft)
-		return
-	}
-	w.t.Reset(disconnectPoll)
-}
-
-func (w *disconnectWatch) stop() {
-	if w == nil {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.stopped = true
-	w.t.Stop()
 }

@@ -74,6 +74,8 @@ type Server struct {
 	adminHTTP *fasthttp.Server
 	drainMu   sync.Mutex
 	drainEnds time.Time // when the drain must be over; zero before one started
+
+	disconnects disconnectWatcher // cancels the requests whose client left
 }
 
 type httpMetrics struct {
