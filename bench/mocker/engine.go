@@ -150,6 +150,7 @@ type Engine struct {
 
 	inStep  bool
 	stepEnd time.Duration
+	queued  bool // its loop has a step of it due (Loop.Wake; loop goroutine only)
 	batch   []scheduled
 	order   []*seq // scratch: the running queue as a step's planning began
 

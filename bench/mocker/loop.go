@@ -1,7 +1,6 @@
 package mocker
 
 import (
-	"container/heap"
 	"context"
 	"sync"
 	"sync/atomic"
@@ -22,10 +21,9 @@ type Loop struct {
 	speedup float64
 	start   time.Time
 
-	h     timerHeap
-	seq   uint64
-	now   time.Duration // the loop's time (loop goroutine only)
-	queue map[*Engine]bool
+	h   timerHeap
+	seq uint64
+	now time.Duration // the loop's time (loop goroutine only)
 
 	mu     sync.Mutex
 	inbox  []func(now time.Duration)
@@ -47,7 +45,7 @@ func NewLoop(c Clock) *Loop {
 	if c.Speedup <= 0 {
 		c.Speedup = 1
 	}
-	return &Loop{virtual: c.Virtual, speedup: c.Speedup, queue: map[*Engine]bool{}, notify: make(chan struct{}, 1)}
+	return &Loop{virtual: c.Virtual, speedup: c.Speedup, notify: make(chan struct{}, 1)}
 }
 
 type timerEntry struct {
@@ -57,19 +55,50 @@ type timerEntry struct {
 	fn  func(now time.Duration)
 }
 
+// timerHeap is a min-heap by (at, seq), written out rather than through container/heap,
+// whose interface boxes every entry pushed and popped (two allocations per engine step).
 type timerHeap []timerEntry
 
-func (h timerHeap) Len() int { return len(h) }
-func (h timerHeap) Less(i, j int) bool {
+func (h timerHeap) less(i, j int) bool {
 	return h[i].at < h[j].at || (h[i].at == h[j].at && h[i].seq < h[j].seq)
 }
-func (h timerHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap) Push(x any)   { *h = append(*h, x.(timerEntry)) }
-func (h *timerHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+
+func (h *timerHeap) push(x timerEntry) {
+	*h = append(*h, x)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !q.less(i, parent) {
+			break
+		}
+		q[i], q[parent] = q[parent], q[i]
+		i = parent
+	}
+}
+
+func (h *timerHeap) pop() timerEntry {
+	q := *h
+	top := q[0]
+	last := len(q) - 1
+	q[0] = q[last]
+	q[last] = timerEntry{} // drop its references
+	q = q[:last]
+	for i := 0; ; {
+		small, l, r := i, 2*i+1, 2*i+2
+		if l < len(q) && q.less(l, small) {
+			small = l
+		}
+		if r < len(q) && q.less(r, small) {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		q[i], q[small] = q[small], q[i]
+		i = small
+	}
+	*h = q
+	return top
 }
 
 // Do runs fn on the loop goroutine soon, with the loop's time. Safe from any goroutine.
@@ -86,17 +115,17 @@ func (l *Loop) Do(fn func(now time.Duration)) {
 // At runs fn at time t (loop goroutine only: from Do, At or an engine's sink).
 func (l *Loop) At(t time.Duration, fn func(now time.Duration)) {
 	l.seq++
-	heap.Push(&l.h, timerEntry{at: max(t, l.now), seq: l.seq, fn: fn})
+	l.h.push(timerEntry{at: max(t, l.now), seq: l.seq, fn: fn})
 }
 
 // Wake makes sure engine e steps at now or when its step in flight ends (loop goroutine only).
 func (l *Loop) Wake(e *Engine) {
-	if l.queue[e] {
+	if e.queued {
 		return
 	}
-	l.queue[e] = true
+	e.queued = true
 	l.seq++
-	heap.Push(&l.h, timerEntry{at: l.now, seq: l.seq, e: e})
+	l.h.push(timerEntry{at: l.now, seq: l.seq, e: e})
 }
 
 // Now is the loop's time (loop goroutine only).
@@ -131,7 +160,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			l.now = max(l.now, l.wallNow())
 		}
 		l.drainInbox()
-		if l.h.Len() == 0 {
+		if len(l.h) == 0 {
 			if l.virtual {
 				return nil
 			}
@@ -155,7 +184,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		ent := heap.Pop(&l.h).(timerEntry)
+		ent := l.h.pop()
 		if !l.virtual {
 			lag := time.Duration(float64(l.now-ent.at) / l.speedup)
 			l.lags.Add(1)
@@ -177,9 +206,9 @@ func (l *Loop) Run(ctx context.Context) error {
 		next, busy := e.Step(t)
 		if busy {
 			l.seq++
-			heap.Push(&l.h, timerEntry{at: next, seq: l.seq, e: e})
+			l.h.push(timerEntry{at: next, seq: l.seq, e: e})
 		} else {
-			delete(l.queue, e)
+			e.queued = false
 		}
 	}
 }

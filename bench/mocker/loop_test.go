@@ -2,6 +2,7 @@ package mocker
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -46,4 +47,32 @@ func TestLoopRealTimeDo(t *testing.T) {
 	require.ErrorIs(t, <-done, context.Canceled)
 	n, _, _ := l.Lag()
 	require.Positive(t, n)
+}
+
+// The timer heap pops entries by time, FIFO among equal times, however pushes and pops mix.
+func TestTimerHeapOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var h timerHeap
+	var seq uint64
+	last := timerEntry{at: -1}
+	popped := 0
+	for range 5000 {
+		if len(h) > 0 && rng.IntN(3) == 0 {
+			e := h.pop()
+			if popped > 0 {
+				require.True(t, e.at > last.at || e.at == last.at && e.seq > last.seq, "%v after %v", e, last)
+			}
+			last = e
+			popped++
+			continue
+		}
+		seq++
+		at := last.at + time.Duration(rng.IntN(8)) // never before what was popped
+		h.push(timerEntry{at: max(at, 0), seq: seq})
+	}
+	for len(h) > 0 {
+		e := h.pop()
+		require.True(t, e.at > last.at || e.at == last.at && e.seq > last.seq, "%v after %v", e, last)
+		last = e
+	}
 }
