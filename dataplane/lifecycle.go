@@ -180,8 +180,10 @@ type request struct {
 	items []*item
 	fr    *features.Request
 	pm    *sequence.PositionMap
-	once  sync.Once
-	emb   *embedsPlan // the prompt_embeds blocks as routed (handoff embeds)
+	// textPM is pm for a text-only prompt (textOnlyMap): no allocation of its own.
+	textPM sequence.PositionMap
+	once   sync.Once
+	emb    *embedsPlan // the prompt_embeds blocks as routed (handoff embeds)
 	// remotes are the fleet's encoders the route weighed (remoteenc.go).
 	remotes []remote.Candidate
 	// routed is set once the router counts this request against a worker.
@@ -484,11 +486,14 @@ func (r *request) encode(it *item, job *features.Job, pri encoderpool.Priority) 
 
 // place builds the position map: where every item's rows go in the merged sequence.
 func (r *request) place() error {
-	mi := make([]sequence.MediaItem, len(r.items))
-	for i, it := range r.items {
-		mi[i] = sequence.MediaItem{ID: r.s.mediaID(it), Modality: it.modality, Tokens: it.tokens}
+	pm, err := r.textOnlyMap()
+	if pm == nil && err == nil {
+		mi := make([]sequence.MediaItem, len(r.items))
+		for i, it := range r.items {
+			mi[i] = sequence.MediaItem{ID: r.s.mediaID(it), Modality: it.modality, Tokens: it.tokens}
+		}
+		pm, err = sequence.BuildPositionMap(r.p.Tokens, r.s.tok.Placeholders(), r.p.Style, mi)
 	}
-	pm, err := sequence.BuildPositionMap(r.p.Tokens, r.s.tok.Placeholders(), r.p.Style, mi)
 	if err != nil {
 		param := "messages"
 		var pe *sequence.PositionError
@@ -505,6 +510,27 @@ func (r *request) place() error {
 	}
 	r.pm = pm
 	return nil
+}
+
+// textOnlyMap is the position map of a prompt without media, as BuildPositionMap makes it but
+// without its two allocations: the request's own map over the prompt's ids (Run owns them, and
+// nothing writes them). Nil (with a nil error) when the prompt has media or a placeholder
+// BuildPositionMap must explain.
+func (r *request) textOnlyMap() (*sequence.PositionMap, error) {
+	if len(r.items) > 0 {
+		return nil, nil
+	}
+	ph := r.s.tok.Placeholders()
+	if err := ph.Validate(); err != nil {
+		return nil, err
+	}
+	for _, t := range r.p.Tokens {
+		if ph.ModalityOf(t) != 0 {
+			return nil, nil
+		}
+	}
+	r.textPM = sequence.PositionMap{Len: len(r.p.Tokens), TextIDs: r.p.Tokens}
+	return &r.textPM, nil
 }
 
 // expanded is the prompt as the engine's KV cache holds it: each item's placeholder repeated

@@ -499,6 +499,6 @@ func (s *Server) generationError(ctx context.Context, ev worker.Event) *Error {
 
 // finished counts a generation request that ended with outcome, and its latency.
 func (s *Server) finished(endpoint string, start time.Time, outcome string) {
-	s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
-	s.metrics.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+	s.metrics.requestsBy.get(endpoint, outcome).Inc()
+	s.metrics.latencyBy.get(endpoint, "").Observe(time.Since(start).Seconds())
 }

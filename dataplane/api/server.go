@@ -83,6 +83,12 @@ type httpMetrics struct {
 	duration *prometheus.HistogramVec // route
 	requests *prometheus.CounterVec   // endpoint, outcome: generation requests that reached the service
 	latency  *prometheus.HistogramVec // endpoint: their arrival to the last token (or the failure)
+
+	// Their children by label values, resolved once (labels.go).
+	httpBy     *labelCache[prometheus.Counter]
+	durationBy *labelCache[prometheus.Observer]
+	requestsBy *labelCache[prometheus.Counter]
+	latencyBy  *labelCache[prometheus.Observer]
 }
 
 // NewServer builds a server; Serve runs it.
@@ -116,6 +122,12 @@ func NewServer(opts Options, log *slog.Logger) *Server {
 			Help: "Arrival to the last token (or the failure).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"endpoint"}),
 	}
 	reg.MustRegister(build, m.http, m.duration, m.requests, m.latency)
+	m.httpBy = newLabelCache(func(route, code string) prometheus.Counter { return m.http.WithLabelValues(route, code) })
+	m.durationBy = newLabelCache(func(route, _ string) prometheus.Observer { return m.duration.WithLabelValues(route) })
+	m.requestsBy = newLabelCache(func(endpoint, outcome string) prometheus.Counter {
+		return m.requests.WithLabelValues(endpoint, outcome)
+	})
+	m.latencyBy = newLabelCache(func(endpoint, _ string) prometheus.Observer { return m.latency.WithLabelValues(endpoint) })
 
 	s := &Server{
 		opts:     opts,
@@ -289,8 +301,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if ctx.Request.Header.ContentLength() != 0 && !readsBody(route, ctx) {
 		ctx.SetConnectionClose() // a body nobody read would be taken for the next request
 	}
-	s.metrics.http.WithLabelValues(route, codeLabel(ctx.Response.StatusCode())).Inc()
-	s.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+	s.metrics.httpBy.get(route, codeLabel(ctx.Response.StatusCode())).Inc()
+	s.metrics.durationBy.get(route, "").Observe(time.Since(start).Seconds())
 }
 
 // readsBody says whether the route read the request's body to its end (the generation
