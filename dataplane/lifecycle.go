@@ -163,6 +163,7 @@ func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 	}
 	r.key = s.requestKey(r.id, p.ID != "" && !p.IDMade)
 	g, err := r.run(ctx)
+	r.freeDecision()
 	if err != nil {
 		r.release(err)
 		return nil, err
@@ -182,6 +183,7 @@ type request struct {
 	pm    *sequence.PositionMap
 	// textPM is pm for a text-only prompt (textOnlyMap): no allocation of its own.
 	textPM sequence.PositionMap
+	decBuf *router.Decision // the routing decision's pooled slices (route, freeDecision)
 	once   sync.Once
 	emb    *embedsPlan // the prompt_embeds blocks as routed (handoff embeds)
 	// remotes are the fleet's encoders the route weighed (remoteenc.go).
@@ -560,6 +562,26 @@ func (r *request) expanded() ([]int32, []worker.MediaSpan) {
 	return ids, spans
 }
 
+// decisionBufs keeps routing decisions' slices (scores, prompt hashes) between requests.
+var decisionBufs = sync.Pool{New: func() any { return new(router.Decision) }}
+
+// freeDecision gives the decision's slices back once run has returned (nothing uses them after).
+func (r *request) freeDecision() {
+	if r.decBuf == nil {
+		return
+	}
+	if cap(r.decBuf.Scores) <= maxPooledScores && cap(r.decBuf.Hashes) <= maxPooledHashes {
+		decisionBufs.Put(r.decBuf)
+	}
+	r.decBuf = nil
+}
+
+// A pooled decision's room at most: a large fleet's or prompt's slices are left to the GC.
+const (
+	maxPooledScores = 1024
+	maxPooledHashes = 4096
+)
+
 // route picks the worker: KV overlap and load from the router, plus when this request's
 // features will be ready and, for remote workers, what sending them costs.
 func (r *request) route() (router.Decision, error) {
@@ -582,8 +604,13 @@ func (r *request) route() (router.Decision, error) {
 			return 0 // in-process: the merged sequence is handed over in memory
 		}
 	}
-	var d router.Decision
-	if err := s.router.Route(req, &d); err != nil { // two steps when the fleet is disaggregated
+	// The decision's slices come from a pool: it is dead once run returns (the decision log
+	// keeps a copy; a retry clones the scores), so they need no allocation of their own.
+	r.decBuf = decisionBufs.Get().(*router.Decision)
+	d := router.Decision{Scores: r.decBuf.Scores[:0], Hashes: r.decBuf.Hashes[:0]}
+	err := s.router.Route(req, &d)
+	r.decBuf.Scores, r.decBuf.Hashes = d.Scores, d.Hashes // as Route grew them
+	if err != nil {                                       // two steps when the fleet is disaggregated
 		e := fail(ErrUnavailable, "", "no LLM worker can take the request: %v", err)
 		if _, none := errors.AsType[*router.ErrNoWorker](err); none {
 			e.RetryAfter = s.retryAfter() // a probe may bring one back
