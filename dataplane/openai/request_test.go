@@ -4,6 +4,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -199,5 +201,56 @@ func FuzzUnquote(f *testing.F) {
 		got, err := unquote(lit)
 		require.NoError(t, err)
 		require.Equal(t, want, got)
+	})
+}
+
+// The pooled parse's decoder (reusedDecoder) answers as decode does, body after body with the
+// same decoder: the same fields or the same error, whatever the body before left behind
+// (trailing whitespace, trailing data, truncation, a type error).
+func TestReusedDecoderMatchesDecode(t *testing.T) {
+	bodies := []string{
+		`{"prompt":"The quick brown fox","max_tokens":1}`,
+		`{"prompt":"a","max_tokens":"x"}`,
+		`{"prompt":"b"}` + "\n",
+		`{"prompt":"c","stream":true}`,
+		`{"prompt":"d"} {"prompt":"e"}`,
+		`{"prompt":"f"`,
+		`  {"prompt":[1,2],"echo":true}  `,
+		`{"prompt":"g","max_tokens":2}x`,
+		`[]`, ``, `{"PROMPT":"case","Max_Tokens":3}`,
+		`{"prompt":"h","temperature":0.5,"seed":7,"add_special_tokens":false}`,
+	}
+	var jd reusedDecoder
+	for round := range 2 {
+		for _, b := range bodies {
+			want, got := rawCompletion{}, rawCompletion{}
+			werr := decode([]byte(b), &want)
+			gerr := jd.decode([]byte(b), &got)
+			require.Equal(t, werr, gerr, "round %d: %q", round, b)
+			if werr == nil {
+				require.Equal(t, want, got, "round %d: %q", round, b)
+			}
+		}
+	}
+}
+
+// The same, fuzzed: two bodies in turn through one decoder.
+func FuzzReusedDecoder(f *testing.F) {
+	f.Add([]byte(`{"prompt":"x","max_tokens":1}`), []byte(`{"prompt":"y"} `))
+	f.Add([]byte(`{"prompt":"x"}}`), []byte(`{"prompt":[1],"stop":["a"]}`))
+	f.Add([]byte(`{"prompt":"x","n":"2"}`), []byte(` {"echo":true}`))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		var jd reusedDecoder
+		for _, body := range [][]byte{a, b, a} {
+			want, got := rawCompletion{}, rawCompletion{}
+			werr := decode(body, &want)
+			gerr := jd.decode(body, &got)
+			if fmt.Sprint(werr) != fmt.Sprint(gerr) {
+				t.Fatalf("%q: decode %v, reused %v", body, werr, gerr)
+			}
+			if werr == nil && !reflect.DeepEqual(want, got) {
+				t.Fatalf("%q: decode %+v, reused %+v", body, want, got)
+			}
+		}
 	})
 }
