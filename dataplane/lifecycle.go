@@ -593,7 +593,10 @@ func (r *request) route() (router.Decision, error) {
 			eta = max(eta, s.pool.ETA(it.model, it.tokens))
 		}
 	}
-	sent := r.transferBytes()
+	sent := 0.0
+	if len(r.items) > 0 { // only media are sent: a text-only request skips the sum (and its cgo call)
+		sent = r.transferBytes()
+	}
 	// Cost terms are in blocks of prefill time (router.Options.PrefillSecondsPerToken).
 	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: s.router.BlocksIn(eta.Seconds()), Encoders: r.encoderOptions()}
 	if len(r.items) > 0 && sent > 0 {

@@ -205,6 +205,10 @@ func (ix *Index) holderOf(w Worker, tier int) holder {
 // worker's entries in table order from a rotating cursor: the engine's own LRU order is not
 // visible to a router, so the cap is a guard against lost remove events, not a cache model.
 func (ix *Index) Store(w Worker, tier int, parent uint64, seqs, keys []uint64) int {
+	if len(seqs) == 0 { // a prompt shorter than a block: nothing to store, nor prefetch scratch to clear
+		ix.enforceCap(w, tier)
+		return 0
+	}
 	h := ix.holderOf(w, tier)
 	added := 0
 	var ahead [matchRun]uint64
