@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/zeebo/xxh3"
@@ -128,12 +129,12 @@ func (r *request) checkHandoff() error {
 
 // routeInput is the request as the router hashes it: token ids, and media hashes in the blocks
 // they cover; for prompt_embeds, tokens of zeros and each block's digest (embeds.go).
-func (r *request) routeInput() ([]uint32, []router.Media) {
+func (r *request) routeInput(dst []uint32) ([]uint32, []router.Media) {
 	if r.s.handoff.http && r.s.handoff.mode == worker.HandoffEmbeds && len(r.items) > 0 {
 		return r.routeEmbeds()
 	}
 	ids, spans := r.expanded()
-	toks := make([]uint32, len(ids))
+	toks := slices.Grow(dst[:0], len(ids))[:len(ids)]
 	for i, id := range ids {
 		toks[i] = uint32(id)
 	}

@@ -163,7 +163,7 @@ func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 	}
 	r.key = s.requestKey(r.id, p.ID != "" && !p.IDMade)
 	g, err := r.run(ctx)
-	r.freeDecision()
+	r.freeRoute()
 	if err != nil {
 		r.release(err)
 		return nil, err
@@ -182,10 +182,10 @@ type request struct {
 	fr    *features.Request
 	pm    *sequence.PositionMap
 	// textPM is pm for a text-only prompt (textOnlyMap): no allocation of its own.
-	textPM sequence.PositionMap
-	decBuf *router.Decision // the routing decision's pooled slices (route, freeDecision)
-	once   sync.Once
-	emb    *embedsPlan // the prompt_embeds blocks as routed (handoff embeds)
+	textPM   sequence.PositionMap
+	routeBuf *routeBuf // the route's pooled scratch (route, freeRoute)
+	once     sync.Once
+	emb      *embedsPlan // the prompt_embeds blocks as routed (handoff embeds)
 	// remotes are the fleet's encoders the route weighed (remoteenc.go).
 	remotes []remote.Candidate
 	// routed is set once the router counts this request against a worker.
@@ -562,31 +562,44 @@ func (r *request) expanded() ([]int32, []worker.MediaSpan) {
 	return ids, spans
 }
 
-// decisionBufs keeps routing decisions' slices (scores, prompt hashes) between requests.
-var decisionBufs = sync.Pool{New: func() any { return new(router.Decision) }}
-
-// freeDecision gives the decision's slices back once run has returned (nothing uses them after).
-func (r *request) freeDecision() {
-	if r.decBuf == nil {
-		return
-	}
-	if cap(r.decBuf.Scores) <= maxPooledScores && cap(r.decBuf.Hashes) <= maxPooledHashes {
-		decisionBufs.Put(r.decBuf)
-	}
-	r.decBuf = nil
+// routeBuf is a route's scratch, pooled: the router's token ids and the decision's slices
+// (scores, prompt hashes).
+type routeBuf struct {
+	toks []uint32
+	d    router.Decision
 }
 
-// A pooled decision's room at most: a large fleet's or prompt's slices are left to the GC.
+var routeBufs = sync.Pool{New: func() any { return new(routeBuf) }}
+
+// freeRoute gives the route's scratch back once run has returned (nothing uses it after).
+func (r *request) freeRoute() {
+	b := r.routeBuf
+	if b == nil {
+		return
+	}
+	r.routeBuf = nil
+	if cap(b.d.Scores) <= maxPooledScores && cap(b.d.Hashes) <= maxPooledHashes && cap(b.toks) <= maxPooledTokens {
+		routeBufs.Put(b)
+	}
+}
+
+// A pooled route's room at most: a large fleet's or prompt's slices are left to the GC.
 const (
 	maxPooledScores = 1024
 	maxPooledHashes = 4096
+	maxPooledTokens = 64 << 10
 )
 
 // route picks the worker: KV overlap and load from the router, plus when this request's
 // features will be ready and, for remote workers, what sending them costs.
 func (r *request) route() (router.Decision, error) {
 	s := r.s
-	toks, rm := r.routeInput()
+	// The decision's slices and the router's token ids come from a pool: they are dead once run
+	// returns (the decision log keeps a copy; a retry clones the scores), so they need no
+	// allocation of their own.
+	r.routeBuf = routeBufs.Get().(*routeBuf)
+	toks, rm := r.routeInput(r.routeBuf.toks)
+	r.routeBuf.toks = toks
 	eta := time.Duration(0)
 	for _, it := range r.items {
 		if it.job != nil { // with encoder options (joint routing) the chosen one's ready time replaces it
@@ -607,13 +620,11 @@ func (r *request) route() (router.Decision, error) {
 			return 0 // in-process: the merged sequence is handed over in memory
 		}
 	}
-	// The decision's slices come from a pool: it is dead once run returns (the decision log
-	// keeps a copy; a retry clones the scores), so they need no allocation of their own.
-	r.decBuf = decisionBufs.Get().(*router.Decision)
-	d := router.Decision{Scores: r.decBuf.Scores[:0], Hashes: r.decBuf.Hashes[:0]}
+	buf := &r.routeBuf.d
+	d := router.Decision{Scores: buf.Scores[:0], Hashes: buf.Hashes[:0]}
 	err := s.router.Route(req, &d)
-	r.decBuf.Scores, r.decBuf.Hashes = d.Scores, d.Hashes // as Route grew them
-	if err != nil {                                       // two steps when the fleet is disaggregated
+	buf.Scores, buf.Hashes = d.Scores, d.Hashes // as Route grew them
+	if err != nil {                             // two steps when the fleet is disaggregated
 		e := fail(ErrUnavailable, "", "no LLM worker can take the request: %v", err)
 		if _, none := errors.AsType[*router.ErrNoWorker](err); none {
 			e.RetryAfter = s.retryAfter() // a probe may bring one back
