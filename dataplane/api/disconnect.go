@@ -18,7 +18,8 @@ import (
 type disconnectWatcher struct {
 	mu      sync.Mutex
 	active  []*disconnectWatch
-	running bool // the polling goroutine is alive
+	running bool   // the polling goroutine is alive
+	gen     uint64 // watches started
 	free    sync.Pool
 }
 
@@ -30,6 +31,7 @@ type disconnectWatch struct {
 	conn   net.Conn
 	cancel context.CancelCauseFunc // called with errClientLeft
 	at     int                     // index in owner.active; -1 once out of it
+	gen    uint64                  // which use of this (pooled) watch: the poller's snapshot checks it
 }
 
 // watch starts watching conn for the request that cancel ends; stop (once) ends it.
@@ -41,8 +43,9 @@ func (d *disconnectWatcher) watch(conn net.Conn, cancel context.CancelCauseFunc)
 	if w == nil {
 		w = new(disconnectWatch)
 	}
-	w.owner, w.conn, w.cancel = d, conn, cancel
 	d.mu.Lock()
+	d.gen++
+	w.owner, w.conn, w.cancel, w.gen = d, conn, cancel, d.gen
 	w.at = len(d.active)
 	d.active = append(d.active, w)
 	if !d.running {
@@ -63,8 +66,8 @@ func (w *disconnectWatch) stop() {
 	if w.at >= 0 {
 		d.remove(w)
 	}
+	*w = disconnectWatch{} // under the lock: the poller reads gen and at under it
 	d.mu.Unlock()
-	*w = disconnectWatch{}
 	d.free.Put(w)
 }
 
@@ -82,8 +85,17 @@ func (d *disconnectWatcher) remove(w *disconnectWatch) {
 }
 
 // poll checks the active requests' sockets every disconnectPoll until none is left. The
-// cancellations run after the lock is let go: a context's cancel runs code of its own.
+// sockets are peeked without the lock (thousands in flight take milliseconds, which new
+// requests would wait for), from a snapshot; a request found gone is cancelled if its watch is
+// still the one snapshotted (a watch is reused once stopped: gen tells them apart), after the
+// lock is let go (a context's cancel runs code of its own).
 func (d *disconnectWatcher) poll() {
+	type seen struct {
+		w    *disconnectWatch
+		gen  uint64
+		conn net.Conn
+	}
+	var snap []seen
 	var left []context.CancelCauseFunc
 	for {
 		time.Sleep(disconnectPoll)
@@ -93,21 +105,32 @@ func (d *disconnectWatcher) poll() {
 			d.mu.Unlock()
 			return
 		}
-		for i := 0; i < len(d.active); {
-			w := d.active[i]
-			if !peerClosed(w.conn) {
-				i++
-				continue
-			}
-			left = append(left, w.cancel)
-			d.remove(w) // active[i] is now another request
+		for _, w := range d.active {
+			snap = append(snap, seen{w, w.gen, w.conn})
 		}
 		d.mu.Unlock()
+		gone := snap[:0]
+		for _, c := range snap {
+			if peerClosed(c.conn) {
+				gone = append(gone, c)
+			}
+		}
+		if len(gone) > 0 {
+			d.mu.Lock()
+			for _, c := range gone {
+				if c.w.gen == c.gen && c.w.at >= 0 {
+					left = append(left, c.w.cancel)
+					d.remove(c.w)
+				}
+			}
+			d.mu.Unlock()
+		}
 		for i, cancel := range left {
 			cancel(errClientLeft)
 			left[i] = nil
 		}
-		left = left[:0]
+		clear(snap)
+		snap, left = snap[:0], left[:0]
 	}
 }
 
