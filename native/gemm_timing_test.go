@@ -16,7 +16,9 @@ var gemmShapes = []struct {
 	name    string
 	m, n, k int
 }{
-	{"vit-b-qkv-b1", 197, 768, 768},       // ViT-B/16-224, one image
+	{"vit-b-qkv-b1", 197, 2304, 768},      // ViT-B/16-224, one image: Q, K and V in one product
+	{"vit-b-proj-b1", 197, 768, 768},      // attention output
+	{"vit-b-fc2-b1", 197, 768, 3072},      //
 	{"vit-b-fc1-b8", 8 * 197, 3072, 768},  // a batch of 8
 	{"vit-b-fc2-b8", 8 * 197, 768, 3072},  //
 	{"whisper-base-fc1", 1500, 2048, 512}, // Whisper-base, 30 s
