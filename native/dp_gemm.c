@@ -180,6 +180,10 @@ enum { XMR = 12 }; /* the AVX-512 tile: 12 rows x 32 columns, 24 zmm accumulator
 DP_AVX512 static void kernel_avx512(int64_t kc, const float *a, const float *b, int64_t ldb, float *c, int64_t ldc,
                                     const float *bias, int add) {
 	__m512 acc[XMR][2];
+	/* C's rows (a tile of a large C is in no cache) start loading now, under the k loop, and
+	 * not at the end where the adds and stores would wait for them. */
+#pragma GCC unroll 12
+	for (int i = 0; i < XMR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0), _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
 #pragma GCC unroll 12
 	for (int i = 0; i < XMR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
 	for (int64_t q = 0; q < kc; q++, a += XMR, b += ldb) {
@@ -210,6 +214,8 @@ DP_AVX512 static void kernel_avx512(int64_t kc, const float *a, const float *b, 
 DP_AVX512 static inline __attribute__((always_inline)) void tail_avx512(int rows, int64_t kc, const float *a, const float *b,
                                                                        int64_t ldb, float *c, int64_t ldc, const float *bias, int add) {
 	__m512 acc[XMR][2];
+#pragma GCC unroll 12
+	for (int i = 0; i < rows; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0), _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
 #pragma GCC unroll 12
 	for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
 	for (int64_t q = 0; q < kc; q++, a += XMR, b += ldb) {
