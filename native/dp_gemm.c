@@ -180,6 +180,10 @@ enum { XMR = 12 }; /* the AVX-512 tile: 12 rows x 32 columns, 24 zmm accumulator
 DP_AVX512 static void kernel_avx512(int64_t kc, const float *a, const float *b, int64_t ldb, float *c, int64_t ldc,
                                     const float *bias, int add) {
 	__m512 acc[XMR][2];
+	/* C's rows (a tile of a large C is in no cache) start loading now, under the k loop, and
+	 * not at the end where the adds and stores would wait for them. */
+#pragma GCC unroll 12
+	for (int i = 0; i < XMR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0), _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
 #pragma GCC unroll 12
 	for (int i = 0; i < XMR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
 	for (int64_t q = 0; q < kc; q++, a += XMR, b += ldb) {
@@ -200,6 +204,50 @@ DP_AVX512 static void kernel_avx512(int64_t kc, const float *a, const float *b, 
 		if (add) v0 = _mm512_add_ps(v0, _mm512_loadu_ps(row)), v1 = _mm512_add_ps(v1, _mm512_loadu_ps(row + 16));
 		_mm512_storeu_ps(row, v0);
 		_mm512_storeu_ps(row + 16, v1);
+	}
+}
+
+/* The last tile of rows < 12 rows (197 = 16 x 12 + 5 for one ViT image): the packed panel as
+ * above, but only `rows` rows computed and stored straight into C, so a 5-row tile costs 5/12
+ * of a full one instead of a full one through a scratch tile. `rows` is a constant in each
+ * instantiation below, so the loops unroll as the full kernel's do. */
+DP_AVX512 static inline __attribute__((always_inline)) void tail_avx512(int rows, int64_t kc, const float *a, const float *b,
+                                                                       int64_t ldb, float *c, int64_t ldc, const float *bias, int add) {
+	__m512 acc[XMR][2];
+#pragma GCC unroll 12
+	for (int i = 0; i < rows; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0), _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+#pragma GCC unroll 12
+	for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+	for (int64_t q = 0; q < kc; q++, a += XMR, b += ldb) {
+		__m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 12
+		for (int i = 0; i < rows; i++) {
+			__m512 x = _mm512_set1_ps(a[i]);
+			acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
+			acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
+		}
+	}
+	__m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+	__m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 12
+	for (int i = 0; i < rows; i++) {
+		float *row = c + i * ldc;
+		__m512 v0 = _mm512_add_ps(acc[i][0], bias0), v1 = _mm512_add_ps(acc[i][1], bias1);
+		if (add) v0 = _mm512_add_ps(v0, _mm512_loadu_ps(row)), v1 = _mm512_add_ps(v1, _mm512_loadu_ps(row + 16));
+		_mm512_storeu_ps(row, v0);
+		_mm512_storeu_ps(row + 16, v1);
+	}
+}
+
+DP_AVX512 static void kernel_avx512_rows(int64_t rows, int64_t kc, const float *a, const float *b, int64_t ldb, float *c,
+                                         int64_t ldc, const float *bias, int add) {
+	switch (rows) {
+#define DP_TAIL(r) \
+	case r: tail_avx512(r, kc, a, b, ldb, c, ldc, bias, add); break;
+		DP_TAIL(1) DP_TAIL(2) DP_TAIL(3) DP_TAIL(4) DP_TAIL(5) DP_TAIL(6)
+		DP_TAIL(7) DP_TAIL(8) DP_TAIL(9) DP_TAIL(10) DP_TAIL(11)
+#undef DP_TAIL
+	default: break;
 	}
 }
 
@@ -311,9 +359,13 @@ double dp_fma_peak(int64_t iters, int32_t n_threads, int32_t isa) {
 typedef void (*direct_fn)(int64_t kc, const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
                           const float *bias, int add);
 
+typedef void (*rows_fn)(int64_t rows, int64_t kc, const float *a, const float *b, int64_t ldb, float *c, int64_t ldc,
+                        const float *bias, int add);
+
 typedef struct kernel {
 	kernel_fn fn;
 	direct_fn direct; /* the same tile on unpacked A, or NULL */
+	rows_fn rows;     /* the same tile on fewer than mr rows (whole columns), or NULL */
 	int64_t mr, nr;   /* the tile; nr divides NR */
 } kernel;
 
@@ -361,6 +413,10 @@ static void tile(const gemm_job *j, int64_t kc, const float *ap, const float *a,
 		float *c = j->c + row * j->ldc + col, *cc = c;
 		int64_t ldc = j->ldc;
 		const float *bb = bias ? bias + jr : NULL;
+		if (rows < k->mr && cols == k->nr && a == NULL && k->rows != NULL) {
+			k->rows(rows, kc, ap, bp + jr, NR, c, ldc, bb, add);
+			continue;
+		}
 		float t[MR_MAX * NR], tb[NR];
 		if (rows < k->mr || cols < k->nr) {
 			if (bb != NULL) {
@@ -434,10 +490,10 @@ static void gemm_part(void *ctx, int32_t t, int32_t n_threads) {
 static dp_status run_gemm(gemm_job *j, int32_t n_threads, int32_t isa, char *msg, size_t msg_len) {
 	int32_t v = dp_isa_resolve(isa);
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "instruction set %d not supported here", isa);
-	j->k = (kernel){kernel_generic, NULL, GMR, GNR};
+	j->k = (kernel){kernel_generic, NULL, NULL, GMR, GNR};
 #if DP_X86
-	if (v >= DP_ISA_AVX2) j->k = (kernel){kernel_avx2, NULL, GMR, GNR};
-	if (v >= DP_ISA_AVX512) j->k = (kernel){kernel_avx512, kernel_avx512_direct, XMR, NR};
+	if (v >= DP_ISA_AVX2) j->k = (kernel){kernel_avx2, NULL, NULL, GMR, GNR};
+	if (v >= DP_ISA_AVX512) j->k = (kernel){kernel_avx512, kernel_avx512_direct, kernel_avx512_rows, XMR, NR};
 #endif
 	if (j->m == 0 || j->b->n == 0) return DP_OK;
 	if (j->b->k == 0) { /* an empty sum: C = bias (or unchanged when accumulating) */

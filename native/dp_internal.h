@@ -27,9 +27,11 @@ dp_convert_fn dp_converter(int32_t dst_dtype, int32_t src_dtype, int32_t isa);
 /* dp_matrix_bytes is rows*cols*size(dtype), or -1 if the matrix is malformed or too large. */
 int64_t dp_matrix_bytes(const dp_matrix *m);
 
-/* dp_parallel_for runs fn(ctx, i, n_tasks) for i in [0, n_tasks): task 0 on the calling
- * thread, the others on threads started for the call. A thread that cannot be started has
- * its task run on the calling thread, so every task runs exactly once. */
+/* dp_parallel_for runs fn(ctx, i, n_tasks) for i in [0, n_tasks) and returns when all are
+ * done: task 0 on the calling thread, the others on a process-wide pool of worker threads
+ * (dp_runtime.c), and on the calling thread for any no worker has claimed by the time task 0
+ * is done, so every task runs exactly once, whatever other callers are doing. Safe to call
+ * from several threads at once and from inside a task. */
 void dp_parallel_for(int32_t n_tasks, void (*fn)(void *ctx, int32_t i, int32_t n), void *ctx);
 
 /* dp_resize_window validates a resize job and gives the source window [x0, x1) x [y0, y1) it

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "dp_internal.h"
 
@@ -34,15 +35,89 @@ int64_t dp_matrix_bytes(const dp_matrix *m) {
 
 #define DP_MAX_THREADS 256
 
-typedef struct task {
+/* The fan-out runs on a pool of worker threads started on first need and kept for the life of
+ * the process (never joined: they hold no memory and sleep when idle; the OS ends them at exit).
+ * Creating threads per call cost tens of microseconds, a few percent of a one-image GEMM.
+ *
+ * A call posts a job (fn, ctx, n tasks) on a list; idle workers claim its tasks one index at a
+ * time, and so does the caller after running task 0, so a call finishes even when every worker
+ * is busy with another caller's job (several goroutines call kernels at once) or could not be
+ * started, and a task may itself fan out. Claims and completions happen under one mutex; the
+ * job lives on the caller's stack and is touched by workers only under it, and the caller
+ * returns only once every task is done. An idle worker spins a short while (kernels of a
+ * forward pass follow each other within microseconds) before it sleeps on a condition variable.
+ * The pool grows to the largest fan-out asked for, at most DP_MAX_THREADS - 1 workers. */
+typedef struct job {
 	void (*fn)(void *ctx, int32_t i, int32_t n);
 	void *ctx;
-	int32_t i, n;
-} task;
+	int32_t n, next, pending; /* tasks; the next to claim; those claimed by others not yet done */
+	pthread_cond_t done;
+	struct job *link;
+} job;
 
-static void *run_task(void *arg) {
-	task *t = arg;
-	t->fn(t->ctx, t->i, t->n);
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t work;
+	job *head;        /* jobs with tasks left to claim, oldest first */
+	int32_t workers;  /* started */
+	int32_t sleepers; /* waiting on work */
+	uint32_t posted;  /* bumped on every post; what spinning workers watch */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
+
+enum { SPIN_NS = 100000 };
+
+static int64_t now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+/* claim takes the next task of j (pool.mu held), unlinking j once none is left. */
+static int32_t claim(job *j) {
+	int32_t i = j->next++;
+	if (j->next >= j->n) {
+		job **p = &pool.head;
+		while (*p != j) p = &(*p)->link;
+		*p = j->link;
+	}
+	return i;
+}
+
+static void *worker(void *arg) {
+	(void)arg;
+	pthread_mutex_lock(&pool.mu);
+	for (;;) {
+		job *j = pool.head;
+		if (j == NULL) {
+			/* Spin unlocked on the post counter, then sleep. */
+			uint32_t seen = __atomic_load_n(&pool.posted, __ATOMIC_RELAXED);
+			pthread_mutex_unlock(&pool.mu);
+			int64_t until = now_ns() + SPIN_NS;
+			for (int spins = 0; __atomic_load_n(&pool.posted, __ATOMIC_ACQUIRE) == seen; spins++) {
+				cpu_relax();
+				if ((spins & 255) == 255 && now_ns() > until) break;
+			}
+			pthread_mutex_lock(&pool.mu);
+			if (pool.head == NULL) {
+				pool.sleepers++;
+				pthread_cond_wait(&pool.work, &pool.mu);
+				pool.sleepers--;
+			}
+			continue;
+		}
+		int32_t i = claim(j);
+		j->pending++;
+		pthread_mutex_unlock(&pool.mu);
+		j->fn(j->ctx, i, j->n); /* fn, ctx and n stay valid: j's caller waits for this task */
+		pthread_mutex_lock(&pool.mu);
+		if (--j->pending == 0) pthread_cond_signal(&j->done);
+	}
 	return NULL;
 }
 
@@ -52,20 +127,39 @@ void dp_parallel_for(int32_t n_tasks, void (*fn)(void *ctx, int32_t i, int32_t n
 		fn(ctx, 0, 1);
 		return;
 	}
-	task tasks[DP_MAX_THREADS];
-	pthread_t threads[DP_MAX_THREADS];
-	unsigned char started[DP_MAX_THREADS];
-	for (int32_t i = 1; i < n_tasks; i++) {
-		tasks[i] = (task){fn, ctx, i, n_tasks};
-		started[i] = pthread_create(&threads[i], NULL, run_task, &tasks[i]) == 0;
+	job j = {fn, ctx, n_tasks, 1, 0, PTHREAD_COND_INITIALIZER, NULL};
+	pthread_mutex_lock(&pool.mu);
+	/* Grow the pool to n_tasks - 1 workers; a worker that cannot be started leaves its share
+	 * to the others and the caller. */
+	while (pool.workers < n_tasks - 1) {
+		pthread_t t;
+		pthread_attr_t attr;
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		int ok = pthread_create(&t, &attr, worker, NULL) == 0;
+		pthread_attr_destroy(&attr);
+		if (!ok) break;
+		pool.workers++;
 	}
+	job **tail = &pool.head;
+	while (*tail != NULL) tail = &(*tail)->link;
+	*tail = &j;
+	__atomic_fetch_add(&pool.posted, 1, __ATOMIC_RELEASE);
+	for (int32_t w = 0; w < pool.sleepers && w < n_tasks - 1; w++) pthread_cond_signal(&pool.work);
+	pthread_mutex_unlock(&pool.mu);
+
 	fn(ctx, 0, n_tasks);
-	for (int32_t i = 1; i < n_tasks; i++) {
-		if (started[i])
-			pthread_join(threads[i], NULL);
-		else
-			fn(ctx, i, n_tasks);
+
+	pthread_mutex_lock(&pool.mu);
+	while (j.next < j.n) { /* tasks no worker has claimed yet */
+		int32_t i = claim(&j);
+		pthread_mutex_unlock(&pool.mu);
+		fn(ctx, i, n_tasks);
+		pthread_mutex_lock(&pool.mu);
 	}
+	while (j.pending > 0) pthread_cond_wait(&j.done, &pool.mu);
+	pthread_mutex_unlock(&pool.mu);
+	pthread_cond_destroy(&j.done);
 }
 
 typedef struct copy_job {

@@ -128,3 +128,44 @@ func TestGEMMErrors(t *testing.T) {
 	_, err = PackWeights(Matrix{Data: make([]byte, 4), DType: F32, Rows: 2, Cols: 3})
 	require.ErrorIs(t, err, ErrInvalid)
 }
+
+// Several goroutines multiply at once (encoder batches run beside other requests): the C
+// fan-out's worker pool is shared by all of them, and each result must still be right.
+func TestGEMMConcurrentCallers(t *testing.T) {
+	r := newRand(t)
+	m, n, k := 100, 96, 200 // ~3.8 MFLOP: fans out to 3 threads
+	wt := randomF32(r, n*k)
+	w, err := PackWeights(Matrix{Data: AsBytes(wt), DType: F32, Rows: n, Cols: k})
+	require.NoError(t, err)
+	defer w.Free()
+	const callers = 6
+	as := make([][]float32, callers)
+	wants, bounds := make([][]float64, callers), make([][]float64, callers)
+	for g := range callers {
+		as[g] = randomF32(r, m*k)
+		wants[g], bounds[g] = refGEMM(as[g], m, k, transpose(wt, n, k), n)
+	}
+	errs := make(chan error, callers)
+	for g := range callers {
+		go func() {
+			c := make([]float32, m*n)
+			for it := range 30 {
+				clear(c)
+				if err := MulPacked(c, as[g], w, GEMMOptions{Threads: 2 + (g+it)%3}); err != nil {
+					errs <- err
+					return
+				}
+				for i := range c {
+					if d := math.Abs(float64(c[i]) - wants[g][i]); !(d <= bounds[g][i]) {
+						errs <- fmt.Errorf("caller %d call %d: element %d = %g, want %g", g, it, i, c[i], wants[g][i])
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range callers {
+		require.NoError(t, <-errs)
+	}
+}

@@ -1,8 +1,10 @@
 /* test_gemm.c: the packed and per-call GEMM against a double-precision reference, for shapes
  * around every blocking edge, every kernel variant and several thread counts; every variant
  * of the LayerNorm, activation and softmax loops against the portable one (libm); and the
- * failure rules (statuses, no crash) for bad arguments and encoder configurations. */
+ * failure rules (statuses, no crash) for bad arguments and encoder configurations; several
+ * threads multiplying at once through the shared worker pool. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -70,6 +72,50 @@ static int check_nn(int32_t isa, int64_t n, float scale) {
 	return check_failures;
 }
 
+/* Concurrent callers share the fan-out's worker pool: each multiplies its own A by shared
+ * weights many times on 2 to 4 threads and must get the bits a one-thread call gives (every
+ * split keeps each element's order of summation). */
+enum { CC_CALLERS = 4, CC_M = 100, CC_N = 96, CC_K = 200, CC_CALLS = 25 };
+
+typedef struct cc_caller {
+	const dp_packed *p;
+	float a[CC_M * CC_K], want[CC_M * CC_N], got[CC_M * CC_N];
+	int32_t index, bad;
+} cc_caller;
+
+static void *cc_run(void *arg) {
+	cc_caller *c = arg;
+	char msg[128];
+	for (int32_t it = 0; it < CC_CALLS && !c->bad; it++) {
+		memset(c->got, 0, sizeof c->got);
+		c->bad = dp_gemm_packed(c->a, CC_M, CC_K, c->p, NULL, c->got, CC_N, 0, 2 + (c->index + it) % 3, DP_ISA_AUTO, msg, sizeof msg) != DP_OK ||
+		         memcmp(c->got, c->want, sizeof c->want) != 0;
+	}
+	return NULL;
+}
+
+static int check_concurrent(void) {
+	static float w[CC_N * CC_K];
+	static cc_caller callers[CC_CALLERS];
+	for (int64_t i = 0; i < CC_N * CC_K; i++) w[i] = frand();
+	dp_matrix wm = {w, CC_N, CC_K, DP_F32};
+	dp_packed *p = NULL;
+	char msg[128];
+	CHECK(dp_pack_weights(&wm, &p, msg, sizeof msg) == DP_OK, "%s", msg);
+	for (int32_t t = 0; t < CC_CALLERS; t++) {
+		cc_caller *c = &callers[t];
+		c->p = p, c->index = t, c->bad = 0;
+		for (int64_t i = 0; i < CC_M * CC_K; i++) c->a[i] = frand();
+		CHECK(dp_gemm_packed(c->a, CC_M, CC_K, p, NULL, c->want, CC_N, 0, 1, DP_ISA_AUTO, msg, sizeof msg) == DP_OK, "%s", msg);
+	}
+	pthread_t th[CC_CALLERS];
+	for (int32_t t = 0; t < CC_CALLERS; t++) CHECK(pthread_create(&th[t], NULL, cc_run, &callers[t]) == 0, "pthread_create");
+	for (int32_t t = 0; t < CC_CALLERS; t++) pthread_join(th[t], NULL);
+	for (int32_t t = 0; t < CC_CALLERS; t++) CHECK(!callers[t].bad, "concurrent caller %d: result differs from one thread's", t);
+	dp_packed_free(p);
+	return check_failures;
+}
+
 int main(void) {
 	uint64_t seed = (uint64_t)time(NULL);
 	printf("gemm: random seed %llu\n", (unsigned long long)seed);
@@ -84,6 +130,8 @@ int main(void) {
 		for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
 			if (check_nn(isa, lens[i], 4) || check_nn(isa, lens[i], 120)) return check_failures;
 	}
+
+	if (check_concurrent()) return check_failures;
 
 	/* Bad arguments are statuses. */
 	char msg[128];
