@@ -63,10 +63,12 @@ define need_py
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(2); }
 endef
 
-# Build: gcc, and libjpeg-turbo's TurboJPEG for the JPEG decoder in native/.
+# Build: gcc, and libjpeg-turbo for the JPEG decoder in native/: TurboJPEG for headers and the
+# whole-picture decode, libjpeg's API for the crop-window decode (jpeg_crop_scanline).
 deps-build:
 	$(call need,gcc,gcc libc6-dev)
 	$(call need_file,/usr/include/turbojpeg.h,libturbojpeg0-dev)
+	$(call need_file,/usr/include/jpeglib.h,libjpeg62-turbo-dev)
 
 # Test: cmake for the C tests; ffmpeg (and ffprobe) for the media tests that decode audio and
 # video containers through it (dataplane/media/audio, dataplane/media/video); Debian's python3

@@ -7,7 +7,9 @@ package native
 
 /*
 #cgo CFLAGS: -std=gnu11 -O3 -Wall -Wextra
-#cgo LDFLAGS: -lpthread -lturbojpeg -ljpeg -lm
+#cgo LDFLAGS: -lpthread -lturbojpeg -l:libjpeg.a -lm
+// libjpeg (the crop-window decode's API, libjpeg62-turbo-dev) is linked statically: the binary
+// then runs where the system libjpeg has another soname (the CUDA image's Ubuntu: libjpeg.so.8).
 #include "dp.h"
 */
 import "C"

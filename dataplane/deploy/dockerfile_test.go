@@ -220,7 +220,7 @@ func TestDockerfileRuntimeImages(t *testing.T) {
 
 	needs := map[string][]string{
 		"runtime": {"libturbojpeg0", "ffmpeg", "ca-certificates"},
-		"cuda":    {"libturbojpeg", "ffmpeg", "ca-certificates"},
+		"cuda":    {"libturbojpeg", "libjpeg-turbo8", "ffmpeg", "ca-certificates"},
 	}
 	for _, name := range []string{"cuda", "runtime"} {
 		s := d.stage(name)
