@@ -222,11 +222,8 @@ func (r *Router) Route(req Request, d *Decision) error {
 func (r *Router) DecideDisagg(req Request, d *Decision) error {
 	sc := r.hashers.Get().(*scratch)
 	defer r.hashers.Put(sc)
-	total, err := r.lookup(req, d, sc)
+	total, err := r.lookup(&req, d, sc)
 	if err != nil {
-		return err
-	}
-	if req.ReadyIn, err = r.chooseEncoder(req, d); err != nil {
 		return err
 	}
 	workers := *r.workers.Load()
@@ -275,7 +272,7 @@ func (r *Router) DecideDisagg(req Request, d *Decision) error {
 		s := &d.PrefillScores[len(d.PrefillScores)-1]
 		r.scoreWorker(s, w, sc, req, total, now)
 		s.Cost = r.opts.OverlapWeight*(s.PrefillBlocks+s.EncodeWait) + s.Transfer
-		s.TTFT = (s.PrefillBlocks + s.EncodeWait + s.Transfer) * float64(r.opts.BlockSize) * r.opts.PrefillSecondsPerToken * 1e3
+		s.TTFT = (s.PrefillBlocks + s.EncodeWait + s.Transfer) * r.msPerBlock()
 		if s.Excluded = usable(w); s.Excluded != "" {
 			continue
 		}

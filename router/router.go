@@ -286,15 +286,12 @@ func newScratch(blockSize int) *scratch {
 func (r *Router) Decide(req Request, d *Decision) error {
 	sc := r.hashers.Get().(*scratch)
 	defer r.hashers.Put(sc)
-	total, err := r.lookup(req, d, sc)
+	total, err := r.lookup(&req, d, sc)
 	if err != nil {
 		return err
 	}
-	if req.ReadyIn, err = r.chooseEncoder(req, d); err != nil {
-		return err
-	}
 	workers := *r.workers.Load()
-	ttft := float64(r.opts.BlockSize) * r.opts.PrefillSecondsPerToken * 1e3 // ms per block
+	ttft := r.msPerBlock()
 	d.Scores = slices.Grow(d.Scores[:0], len(workers))[:len(workers)]
 	bs, isl, lastTier := r.opts.BlockSize, len(req.Tokens), r.opts.Index.Tiers-1
 	now := time.Now()
@@ -337,9 +334,10 @@ func (r *Router) Decide(req Request, d *Decision) error {
 }
 
 // lookup is what every decision starts with: the prompt's sequence hashes into d (with its
-// block and token counts), matched against the cache index and the blocks in flight into sc.
+// block and token counts), matched against the cache index and the blocks in flight into sc;
+// with encoder options, the encoder chosen (d.Encoder) and its ready time as req.ReadyIn.
 // It returns the prompt's blocks, the last one partial included.
-func (r *Router) lookup(req Request, d *Decision, sc *scratch) (total int, err error) {
+func (r *Router) lookup(req *Request, d *Decision, sc *scratch) (total int, err error) {
 	hashes, err := sc.hasher.Sequence(d.Hashes[:0], req.Tokens, SeedFor(req.LoRA, req.Salt), req.Media)
 	if err != nil {
 		return 0, err
@@ -347,8 +345,16 @@ func (r *Router) lookup(req Request, d *Decision, sc *scratch) (total int, err e
 	r.ix.Match(hashes, &sc.cached)
 	r.slots.ActiveMatch(hashes, &sc.active)
 	d.Worker, d.Blocks, d.Tokens, d.Hashes = "", len(hashes), len(req.Tokens), hashes
+	if req.ReadyIn, err = r.chooseEncoder(*req, d); err != nil {
+		return 0, err
+	}
 	bs := r.opts.BlockSize
 	return (len(req.Tokens) + bs - 1) / bs, nil
+}
+
+// msPerBlock is a block of prefill in milliseconds: WorkerScore.TTFT's unit conversion.
+func (r *Router) msPerBlock() float64 {
+	return float64(r.opts.BlockSize) * r.opts.PrefillSecondsPerToken * 1e3
 }
 
 // Start records a request routed by d (to d.Worker, or another worker the caller chose) with the
