@@ -174,31 +174,13 @@ DP_AVX2 static float fma_loop_avx2(int64_t iters) {
 #define DP_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
 enum { XMR = 12 }; /* the AVX-512 tile: 12 rows x 32 columns, 24 zmm accumulators */
 
-/* Per step of k: two loads of B, twelve broadcasts of A (folded into the FMAs as {1to16}
- * operands) and 24 FMAs: Zen 5's two 512-bit FMA pipes stay busy with loads to spare, and 24
- * independent chains cover its 4-cycle FMA latency three times over. */
-DP_AVX512 static void kernel_avx512(int64_t kc, const float *a, const float *b, int64_t ldb, float *c, int64_t ldc,
-                                    const float *bias, int add) {
-	__m512 acc[XMR][2];
-	/* C's rows (a tile of a large C is in no cache) start loading now, under the k loop, and
-	 * not at the end where the adds and stores would wait for them. */
-#pragma GCC unroll 12
-	for (int i = 0; i < XMR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0), _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
-#pragma GCC unroll 12
-	for (int i = 0; i < XMR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-	for (int64_t q = 0; q < kc; q++, a += XMR, b += ldb) {
-		__m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
-#pragma GCC unroll 12
-		for (int i = 0; i < XMR; i++) {
-			__m512 x = _mm512_set1_ps(a[i]);
-			acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
-			acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
-		}
-	}
+/* A tile's accumulators (+ bias) (+= C) into C's rows: the AVX-512 kernels' one epilogue. */
+DP_AVX512 static inline __attribute__((always_inline)) void store_tile_avx512(int rows, __m512 acc[][2], float *c, int64_t ldc,
+                                                                             const float *bias, int add) {
 	__m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
 	__m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
 #pragma GCC unroll 12
-	for (int i = 0; i < XMR; i++) {
+	for (int i = 0; i < rows; i++) {
 		float *row = c + i * ldc;
 		__m512 v0 = _mm512_add_ps(acc[i][0], bias0), v1 = _mm512_add_ps(acc[i][1], bias1);
 		if (add) v0 = _mm512_add_ps(v0, _mm512_loadu_ps(row)), v1 = _mm512_add_ps(v1, _mm512_loadu_ps(row + 16));
@@ -207,11 +189,16 @@ DP_AVX512 static void kernel_avx512(int64_t kc, const float *a, const float *b, 
 	}
 }
 
-/* The last tile of rows < 12 rows (197 = 16 x 12 + 5 for one ViT image): the packed panel as
- * above, but only `rows` rows computed and stored straight into C, so a 5-row tile costs 5/12
- * of a full one instead of a full one through a scratch tile. `rows` is a constant in each
- * instantiation below, so the loops unroll as the full kernel's do. */
-DP_AVX512 static inline __attribute__((always_inline)) void tail_avx512(int rows, int64_t kc, const float *a, const float *b,
+/* A tile of `rows` (at most 12) rows x 32 columns, 2 x rows zmm accumulators. Per step of k:
+ * two loads of B, `rows` broadcasts of A (folded into the FMAs as {1to16} operands) and 2 x rows
+ * FMAs: with 12 rows Zen 5's two 512-bit FMA pipes stay busy with loads to spare, and 24
+ * independent chains cover its 4-cycle FMA latency three times over. `rows` is a constant in
+ * each caller (always inlined), so the loops unroll: the full tile (kernel_avx512) and the last
+ * tile of fewer rows (197 = 16 x 12 + 5 for one ViT image), stored straight into C so a 5-row
+ * tile costs 5/12 of a full one instead of a full one through a scratch tile. C's rows (a tile
+ * of a large C is in no cache) start loading before the k loop, not at the end where the adds
+ * and stores would wait for them. */
+DP_AVX512 static inline __attribute__((always_inline)) void tile_avx512(int rows, int64_t kc, const float *a, const float *b,
                                                                        int64_t ldb, float *c, int64_t ldc, const float *bias, int add) {
 	__m512 acc[XMR][2];
 #pragma GCC unroll 12
@@ -227,23 +214,19 @@ DP_AVX512 static inline __attribute__((always_inline)) void tail_avx512(int rows
 			acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
 		}
 	}
-	__m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-	__m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-#pragma GCC unroll 12
-	for (int i = 0; i < rows; i++) {
-		float *row = c + i * ldc;
-		__m512 v0 = _mm512_add_ps(acc[i][0], bias0), v1 = _mm512_add_ps(acc[i][1], bias1);
-		if (add) v0 = _mm512_add_ps(v0, _mm512_loadu_ps(row)), v1 = _mm512_add_ps(v1, _mm512_loadu_ps(row + 16));
-		_mm512_storeu_ps(row, v0);
-		_mm512_storeu_ps(row + 16, v1);
-	}
+	store_tile_avx512(rows, acc, c, ldc, bias, add);
+}
+
+DP_AVX512 static void kernel_avx512(int64_t kc, const float *a, const float *b, int64_t ldb, float *c, int64_t ldc,
+                                    const float *bias, int add) {
+	tile_avx512(XMR, kc, a, b, ldb, c, ldc, bias, add);
 }
 
 DP_AVX512 static void kernel_avx512_rows(int64_t rows, int64_t kc, const float *a, const float *b, int64_t ldb, float *c,
                                          int64_t ldc, const float *bias, int add) {
 	switch (rows) {
 #define DP_TAIL(r) \
-	case r: tail_avx512(r, kc, a, b, ldb, c, ldc, bias, add); break;
+	case r: tile_avx512(r, kc, a, b, ldb, c, ldc, bias, add); break;
 		DP_TAIL(1) DP_TAIL(2) DP_TAIL(3) DP_TAIL(4) DP_TAIL(5) DP_TAIL(6)
 		DP_TAIL(7) DP_TAIL(8) DP_TAIL(9) DP_TAIL(10) DP_TAIL(11)
 #undef DP_TAIL
@@ -268,16 +251,7 @@ DP_AVX512 static void kernel_avx512_direct(int64_t kc, const float *a, int64_t l
 			acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
 		}
 	}
-	__m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-	__m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-#pragma GCC unroll 12
-	for (int i = 0; i < XMR; i++) {
-		float *row = c + i * ldc;
-		__m512 v0 = _mm512_add_ps(acc[i][0], bias0), v1 = _mm512_add_ps(acc[i][1], bias1);
-		if (add) v0 = _mm512_add_ps(v0, _mm512_loadu_ps(row)), v1 = _mm512_add_ps(v1, _mm512_loadu_ps(row + 16));
-		_mm512_storeu_ps(row, v0);
-		_mm512_storeu_ps(row + 16, v1);
-	}
+	store_tile_avx512(XMR, acc, c, ldc, bias, add);
 }
 
 DP_AVX512 static float fma_loop_avx512(int64_t iters) {
