@@ -611,7 +611,7 @@ func (r *request) route() (router.Decision, error) {
 		sent = r.transferBytes()
 	}
 	// Cost terms are in blocks of prefill time (router.Options.PrefillSecondsPerToken).
-	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: s.router.BlocksIn(eta.Seconds()), Encoders: r.encoderOptions()}
+	req := router.Request{Tokens: toks, Media: rm, Salt: r.p.Ext.CacheSalt, ReadyIn: s.router.BlocksIn(eta.Seconds()), Encoders: r.encoderOptions(eta)}
 	if len(r.items) > 0 && sent > 0 {
 		req.Transfer = func(w string) float64 {
 			if remoteWorker(w) {

@@ -101,10 +101,11 @@ func (s *Service) remoteItem(it *item) remote.Item {
 		Hidden: s.models.Hidden, DType: wireDType(s.models.DType)}
 }
 
-// encoderOptions are the places the request's items to encode could go: this daemon's encoders
+// encoderOptions are the places the request's items to encode could go (local: this daemon's
+// encoders' ETA for them, which route already has): this daemon's encoders
 // first, then the fleet's that run the same model for every one of them (a request's items go
 // to one encoder). Nil without remote encoding, or when nothing is to be encoded.
-func (r *request) encoderOptions() []router.EncoderOption {
+func (r *request) encoderOptions(local time.Duration) []router.EncoderOption {
 	s, rs := r.s, r.s.remote
 	if rs == nil {
 		return nil
@@ -118,12 +119,8 @@ func (r *request) encoderOptions() []router.EncoderOption {
 	if len(todo) == 0 {
 		return nil
 	}
-	local := time.Duration(0)
-	for _, it := range todo {
-		local = max(local, s.pool.ETA(it.model, it.tokens))
-	}
 	opts := []router.EncoderOption{{Name: LocalEncoder, Link: "local", Encode: s.router.BlocksIn(local.Seconds())}}
-	// Remote candidates for the first item, then kept only if they run every item's model.
+	// Every encoder that runs an item's model, kept only if it runs every item's.
 	now := time.Now()
 	var bytes int64
 	for _, it := range todo {
@@ -232,12 +229,12 @@ func (r *request) encodeRemote(ctx context.Context, it *item, c remote.Candidate
 			until = dl
 		}
 		cctx, cancel := context.WithDeadline(job.Context(), until)
-		start := time.Now()
-		err := rs.o.Client.Encode(cctx, c.Transfer, s.remoteItem(it), it.inputs, job.Buffer().Bytes())
+		start, ri := time.Now(), s.remoteItem(it)
+		err := rs.o.Client.Encode(cctx, c.Transfer, ri, it.inputs, job.Buffer().Bytes())
 		cancel()
 		if err == nil {
 			s.metrics.encoded(it.modality, time.Since(start))
-			job.Complete(s.remoteItem(it).Bytes()) //nolint:errcheck // an abandoned job frees itself
+			job.Complete(ri.Bytes()) //nolint:errcheck // an abandoned job frees itself
 			return
 		}
 		if job.Context().Err() != nil || ctx.Err() != nil { // nobody waits for it any more
