@@ -111,6 +111,19 @@ __attribute__((target("avx2"))) static void stream_row(char *dst, const char *sr
 		_mm256_stream_si256((__m256i *)(dst + i + 32), b);
 	}
 }
+/* stream_rows2 copies two rows at once, a line of each in turn, so that two rows' DRAM streams
+ * are in flight, as glibc's large memcpy interleaves pages: the 32K-row gather went from
+ * 0.92-0.95x memcpy to 1.00-1.08x on one thread (2026-11-24, Zen 5, alternating runs). */
+__attribute__((target("avx2"))) static void stream_rows2(char *d0, const char *s0, char *d1, const char *s1, size_t bytes) {
+	for (size_t i = 0; i < bytes; i += 64) {
+		__m256i a = _mm256_loadu_si256((const __m256i *)(s0 + i)), b = _mm256_loadu_si256((const __m256i *)(s0 + i + 32));
+		__m256i c = _mm256_loadu_si256((const __m256i *)(s1 + i)), e = _mm256_loadu_si256((const __m256i *)(s1 + i + 32));
+		_mm256_stream_si256((__m256i *)(d0 + i), a);
+		_mm256_stream_si256((__m256i *)(d0 + i + 32), b);
+		_mm256_stream_si256((__m256i *)(d1 + i), c);
+		_mm256_stream_si256((__m256i *)(d1 + i + 32), e);
+	}
+}
 #endif
 
 /* merge_rows writes dst rows [r0, r1). */
@@ -146,6 +159,13 @@ static void merge_rows(const merge_job *j, int64_t r0, int64_t r1) {
 		for (; r < text_end; r++, t++) {
 			if (r + DP_PREFETCH_ROWS < text_end) prefetch_row(table + (size_t)p->text_ids[t + DP_PREFETCH_ROWS] * table_row, table_row);
 #if DP_X86
+			if (j->stream && r + 1 < text_end) {
+				if (r + 1 + DP_PREFETCH_ROWS < text_end) prefetch_row(table + (size_t)p->text_ids[t + 1 + DP_PREFETCH_ROWS] * table_row, table_row);
+				stream_rows2(dst + (size_t)r * dst_row, table + (size_t)p->text_ids[t] * table_row, dst + (size_t)(r + 1) * dst_row,
+				             table + (size_t)p->text_ids[t + 1] * table_row, dst_row);
+				r++, t++;
+				continue;
+			}
 			if (j->stream) {
 				stream_row(dst + (size_t)r * dst_row, table + (size_t)p->text_ids[t] * table_row, dst_row);
 				continue;

@@ -194,7 +194,8 @@ func TestGather(t *testing.T) {
 }
 
 // A destination of 16 MiB or more is written with streaming stores (text rows and a span, one
-// and two threads), from a table in MapPages memory as the daemon's is.
+// and two threads; text rows go in pairs, and an odd run ends with one), from a table in MapPages
+// memory as the daemon's is.
 func TestMergeLargeStreams(t *testing.T) {
 	r := newRand(t)
 	const d, vocab = 1024, 300
@@ -202,7 +203,7 @@ func TestMergeLargeStreams(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, pages.Unmap()) }()
 	copy(pages.Data, randomBytes(r, len(pages.Data)))
-	in := buildMerge(r, []int{5000, -7, 3200}, d, vocab, F16, []DType{F16}, F16)
+	in := buildMerge(r, []int{5001, -7, 3201}, d, vocab, F16, []DType{F16}, F16) // odd runs: a row pair and a single row
 	in.Table = Matrix{Data: pages.Data, DType: F16, Rows: vocab, Cols: d}
 	require.GreaterOrEqual(t, len(in.Dst.Data), 16<<20)
 	want := refMerge(in)
