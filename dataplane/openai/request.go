@@ -16,6 +16,8 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	fastjson "github.com/segmentio/encoding/json"
+
 	"dataplane/dataplane/sequence"
 )
 
@@ -375,17 +377,10 @@ type rawCompletion struct {
 	AddSpecialTokens *bool   `json:"add_special_tokens"`
 }
 
-// completionScratch is a completion parse's scratch, pooled: a rawCompletion is 1.6 KB (every
-// refused field), a third of what a text-only request allocated (issue 26); and a decoder
-// that keeps encoding/json's decoding state between requests (Unmarshal makes it anew each
-// call: four allocations). The raw fields point into the decoder's buffer, so both go back to
-// the pool together, once the parse is over.
-type completionScratch struct {
-	raw rawCompletion
-	jd  reusedDecoder
-}
-
-var completionScratches = sync.Pool{New: func() any { return new(completionScratch) }}
+// completionScratches pools a completion parse's rawCompletion: it is 1.6 KB (every refused
+// field), a third of what a text-only request allocated (issue 26). Nothing in it outlives the
+// parse: its raw fields point into the body.
+var completionScratches = sync.Pool{New: func() any { return new(rawCompletion) }}
 
 // rawJSON is a field's JSON as it stands in the body, not copied (json.RawMessage copies): it
 // is read before the parse returns, while the body is still there.
@@ -412,13 +407,12 @@ func unquote(lit []byte) (string, error) {
 // ParseCompletion parses and checks a text completion request body. The prompt is one string
 // or one list of token ids (a list of one of either is accepted too).
 func ParseCompletion(body []byte, lim Limits) (*CompletionRequest, error) {
-	scratch := completionScratches.Get().(*completionScratch)
-	raw := &scratch.raw
+	raw := completionScratches.Get().(*rawCompletion)
 	defer func() {
 		*raw = rawCompletion{} // nothing of it is kept: what the request keeps was copied out
-		completionScratches.Put(scratch)
+		completionScratches.Put(raw)
 	}()
-	if err := scratch.jd.decode(body, raw); err != nil {
+	if err := decode(body, raw); err != nil {
 		return nil, err
 	}
 	req := &CompletionRequest{Model: raw.Model, Stream: raw.Stream, Echo: raw.Echo, AddSpecialTokens: true}
@@ -539,13 +533,28 @@ func ParsePretokenized(body []byte, lim Limits) (*PretokenizedRequest, error) {
 // ---- shared pieces ----
 
 // decode unmarshals a JSON object body, turning syntax and type errors into *RequestErrors that say where.
-func decode(body []byte, v any) error {
+//
+// segmentio's decoder goes first: it decodes our bodies 4-5x as fast as encoding/json
+// (BenchmarkDecode: 0.14 against 0.60 us for the text-only completion, 0.34 against 1.7 us for
+// a two-message chat), to the same result (FuzzDecodeMatchesStd). A body it refuses is
+// decoded again by encoding/json, from zero, and encoding/json's error is the one returned, so
+// the messages clients see are unchanged.
+func decode(body []byte, v any) error { return decodeWith(body, v, fastjson.Unmarshal) }
+
+// decodeWith is decode with fast as the first decoder (nil: encoding/json alone).
+func decodeWith(body []byte, v any, fast func([]byte, any) error) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return Invalid("", "empty request body: want a JSON object")
 	}
 	if trimmed[0] != '{' {
 		return Invalid("", "request body is not a JSON object")
+	}
+	if fast != nil {
+		if fast(body, v) == nil {
+			return nil
+		}
+		reflect.ValueOf(v).Elem().SetZero()
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		var typeErr *json.UnmarshalTypeError
@@ -560,51 +569,6 @@ func decode(body []byte, v any) error {
 		return Invalid("", "malformed JSON: %v", jsonMessage(err))
 	}
 	return nil
-}
-
-// reusedDecoder decodes bodies one after another with one json.Decoder (the same decoding as
-// Unmarshal's: its validity scan, then the same unmarshal), holding nothing between bodies.
-type reusedDecoder struct {
-	r   bytes.Reader
-	dec *json.Decoder // nil: make one (at first, and after an error or bytes left buffered)
-}
-
-// maxReusedBody: a larger body is decoded by Unmarshal, so that no pooled decoder keeps a
-// buffer of its size.
-const maxReusedBody = 64 << 10
-
-// decode is decode(body, v): the same result, and any error found again by decode so that it
-// says the same.
-func (jd *reusedDecoder) decode(body []byte, v any) error {
-	trimmed := bytes.TrimSpace(body)
-	if len(body) > maxReusedBody || len(trimmed) == 0 || trimmed[0] != '{' {
-		return decode(body, v)
-	}
-	if jd.dec == nil {
-		jd.dec = json.NewDecoder(&jd.r)
-	}
-	jd.r.Reset(body)
-	start := jd.dec.InputOffset()
-	err := jd.dec.Decode(v)
-	end := int(jd.dec.InputOffset() - start) // the object's end in body
-	if err != nil || len(body)-jd.r.Len() != end {
-		jd.dec = nil // its state is not a fresh one's
-	}
-	if err != nil || end > len(body) || !jsonSpace(body[end:]) { // trailing data too
-		return decode(body, v)
-	}
-	return nil
-}
-
-// jsonSpace reports whether b is only JSON's whitespace (not Unicode's: \v after the object is
-// an error).
-func jsonSpace(b []byte) bool {
-	for _, c := range b {
-		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
-			return false
-		}
-	}
-	return true
 }
 
 // jsonKind names a Go type as the JSON value it decodes from.

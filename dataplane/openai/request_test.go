@@ -4,10 +4,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"reflect"
 	"testing"
 
+	fastjson "github.com/segmentio/encoding/json"
 	"github.com/stretchr/testify/require"
 
 	"dataplane/dataplane/sequence"
@@ -204,53 +204,82 @@ func FuzzUnquote(f *testing.F) {
 	})
 }
 
-// The pooled parse's decoder (reusedDecoder) answers as decode does, body after body with the
-// same decoder: the same fields or the same error, whatever the body before left behind
-// (trailing whitespace, trailing data, truncation, a type error).
-func TestReusedDecoderMatchesDecode(t *testing.T) {
-	bodies := []string{
-		`{"prompt":"The quick brown fox","max_tokens":1}`,
-		`{"prompt":"a","max_tokens":"x"}`,
-		`{"prompt":"b"}` + "\n",
-		`{"prompt":"c","stream":true}`,
-		`{"prompt":"d"} {"prompt":"e"}`,
-		`{"prompt":"f"`,
-		`  {"prompt":[1,2],"echo":true}  `,
-		`{"prompt":"g","max_tokens":2}x`,
-		`[]`, ``, `{"PROMPT":"case","Max_Tokens":3}`,
-		`{"prompt":"h","temperature":0.5,"seed":7,"add_special_tokens":false}`,
-	}
-	var jd reusedDecoder
-	for round := range 2 {
-		for _, b := range bodies {
-			want, got := rawCompletion{}, rawCompletion{}
-			werr := decode([]byte(b), &want)
-			gerr := jd.decode([]byte(b), &got)
-			require.Equal(t, werr, gerr, "round %d: %q", round, b)
+// decodeBodies are request bodies for the decode tests: valid ones of each endpoint, and the
+// edges where two JSON decoders may part (case-insensitive names, duplicate keys, escapes,
+// invalid UTF-8, numbers out of range, trailing data, type errors).
+var decodeBodies = []string{
+	`{"prompt":"The quick brown fox","max_tokens":1}`,
+	`{"prompt":"a","max_tokens":"x"}`,
+	`{"prompt":"b"}` + "\n",
+	`{"prompt":"c","stream":true,"stream_options":{"include_usage":true}}`,
+	`{"prompt":"d"} {"prompt":"e"}`,
+	`{"prompt":"f"`,
+	`  {"prompt":[1,2],"echo":true}  `,
+	`{"prompt":"g","max_tokens":2}x`,
+	`[]`, ``, `{"PROMPT":"case","Max_Tokens":3,"mAx_tOkEnS":4}`,
+	`{"prompt":"h","temperature":0.5,"seed":7,"add_special_tokens":false}`,
+	`{"prompt":"i","max_tokens":1e2}`, `{"prompt":"j","max_tokens":99999999999999999999}`,
+	`{"prompt":"k\u00e9\ud83d\ude00\/","prompt":"dup"}`, "{\"prompt\":\"\xff\xfe\"}",
+	`{"prompt":"l","logprobs":3,"stop":["a","b"],"n":null,"best_of":1}`,
+	`{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_completion_tokens":8,"temperature":0.7}`,
+	`{"messages":[{"role":"user","content":[{"type":"text","text":"What is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`,
+	`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}],"logprobs":true,"top_logprobs":2}`,
+	`{"messages":{"role":"user"}}`, `{"messages":[{"role":1}]}`,
+	`{"prompt_token_ids":[1,2,3],"media":[{"modality":"image","data":"AAAA","format":"png"}],"style":"qwen2-vl"}`,
+	`{"prompt":"m","tools":[],"tool_choice":"none","parallel_tool_calls":false,"response_format":{"type":"text"}}`,
+}
+
+// decodeTargets are the bodies' Go types, one of each endpoint's.
+var decodeTargets = []func() any{
+	func() any { return new(rawCompletion) },
+	func() any { return new(rawChat) },
+	func() any { return new(rawPretokenized) },
+}
+
+// decode's fast decoder (segmentio's) gives what encoding/json gives whenever it accepts a
+// body, and decode answers as encoding/json alone would: the same fields, or the same error.
+func TestDecodeMatchesStd(t *testing.T) {
+	for _, b := range decodeBodies {
+		for _, target := range decodeTargets {
+			checkFastDecode(t, []byte(b), target)
+			want, got := target(), target()
+			werr := stdDecode([]byte(b), want)
+			gerr := decode([]byte(b), got)
+			require.Equal(t, werr, gerr, "%q", b)
 			if werr == nil {
-				require.Equal(t, want, got, "round %d: %q", round, b)
+				require.Equal(t, want, got, "%q", b)
 			}
 		}
 	}
 }
 
-// The same, fuzzed: two bodies in turn through one decoder.
-func FuzzReusedDecoder(f *testing.F) {
-	f.Add([]byte(`{"prompt":"x","max_tokens":1}`), []byte(`{"prompt":"y"} `))
-	f.Add([]byte(`{"prompt":"x"}}`), []byte(`{"prompt":[1],"stop":["a"]}`))
-	f.Add([]byte(`{"prompt":"x","n":"2"}`), []byte(` {"echo":true}`))
-	f.Fuzz(func(t *testing.T, a, b []byte) {
-		var jd reusedDecoder
-		for _, body := range [][]byte{a, b, a} {
-			want, got := rawCompletion{}, rawCompletion{}
-			werr := decode(body, &want)
-			gerr := jd.decode(body, &got)
-			if fmt.Sprint(werr) != fmt.Sprint(gerr) {
-				t.Fatalf("%q: decode %v, reused %v", body, werr, gerr)
-			}
-			if werr == nil && !reflect.DeepEqual(want, got) {
-				t.Fatalf("%q: decode %+v, reused %+v", body, want, got)
-			}
+// The same, fuzzed, on each endpoint's body type.
+func FuzzDecodeMatchesStd(f *testing.F) {
+	for _, b := range decodeBodies {
+		f.Add([]byte(b))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, target := range decodeTargets {
+			checkFastDecode(t, body, target)
 		}
 	})
 }
+
+// checkFastDecode fails t when the fast decoder accepts body but encoding/json does not, or
+// decodes it differently.
+func checkFastDecode(t *testing.T, body []byte, target func() any) {
+	t.Helper()
+	fast, std := target(), target()
+	if fastjson.Unmarshal(body, fast) != nil {
+		return // decode falls back to encoding/json
+	}
+	if err := json.Unmarshal(body, std); err != nil {
+		t.Fatalf("%q into %T: the fast decoder accepts it, encoding/json says %v", body, fast, err)
+	}
+	if !reflect.DeepEqual(std, fast) {
+		t.Fatalf("%q into %T: encoding/json %+v, the fast decoder %+v", body, fast, std, fast)
+	}
+}
+
+// stdDecode is decode with encoding/json alone: what decode must answer.
+func stdDecode(body []byte, v any) error { return decodeWith(body, v, nil) }
