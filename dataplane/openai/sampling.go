@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // Sampling are the generation settings the daemon hands to the LLM worker: OpenAI's and vLLM's
@@ -426,10 +427,15 @@ type rawChatRefused struct {
 	IncludeReasoning     json.RawMessage `json:"include_reasoning"`
 }
 
-// refuse returns a *RequestError for the first field of v (a pointer to a struct of
-// json.RawMessage fields tagged with names in refusals) that is given with a value other than
-// null and its neutral ones.
-func refuse(v any) error {
+// refuse returns a *RequestError for the first field of v (a struct of json.RawMessage fields
+// tagged with names in refusals) that is given with a value other than null and its neutral
+// ones.
+func refuse[T rawRefused | rawChatRefused](v *T) error {
+	// Almost every request gives none of them: then v's memory is all zero (nil slices), which
+	// one comparison sees. Looking at each field by reflection cost 0.2 us a request (issue 26).
+	if bytes.Equal(unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v)), zeroBytes[:unsafe.Sizeof(*v)]) {
+		return nil
+	}
 	rv := reflect.ValueOf(v).Elem()
 	rt := rv.Type()
 	for i := range rt.NumField() {
@@ -451,6 +457,9 @@ func refuse(v any) error {
 	}
 	return nil
 }
+
+// zeroBytes is as large as the largest struct refuse is given.
+var zeroBytes [max(unsafe.Sizeof(rawRefused{}), unsafe.Sizeof(rawChatRefused{}))]byte
 
 func neutral(got any, values []any) bool {
 	for _, n := range values {
