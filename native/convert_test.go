@@ -172,3 +172,11 @@ func TestDTypeNames(t *testing.T) {
 	require.ErrorContains(t, err, `"f8"`)
 	require.Equal(t, fmt.Sprint(DType(9)), "dtype(9)")
 }
+
+// DType.Size, written in Go, answers as the C runtime's dp_dtype_size for every dtype value.
+func TestDTypeSizeIsC(t *testing.T) {
+	for v := range 256 {
+		d := DType(v)
+		require.Equal(t, d.cSize(), d.Size(), "dtype %d", v)
+	}
+}
