@@ -35,7 +35,10 @@ type Prompt struct {
 	ID string
 	// IDMade says ID came from Service.NewRequestID: unique already, the router and the
 	// feature store know the request by it as it is.
-	IDMade   bool
+	IDMade bool
+	// Received is when the request arrived (the API's reading of the clock; zero: when Run
+	// starts). Time-to-first-token counts from it, and answers' created is its second.
+	Received time.Time
 	Tokens   []int32                   // prompt token ids with the media placeholders
 	Style    sequence.PlaceholderStyle // how those placeholders are written
 	Media    []*openai.Media           // in placeholder order
@@ -55,6 +58,7 @@ type Generation struct {
 	Model        string
 	Worker       string
 	PromptTokens int
+	Started      time.Time // when the request arrived (Prompt.Received, else when Run began)
 
 	// The reader takes the worker's events straight from its channel, with no goroutine
 	// between: a relay cost a goroutine start and two hand-offs a request (issue 26).
@@ -156,10 +160,13 @@ func (s *Service) Run(ctx context.Context, p *Prompt) (*Generation, error) {
 		p.Memory.Close()
 		return nil, fail(ErrUnavailable, "", "the server is shutting down")
 	}
-	start := time.Now()
+	start := p.Received
+	if start.IsZero() {
+		start = time.Now()
+	}
 	r := &request{s: s, id: p.ID, p: p, start: start}
 	if r.id == "" {
-		r.id = s.NewRequestID()
+		r.id = s.NewRequestIDAt(start)
 	}
 	r.key = s.requestKey(r.id, p.ID != "" && !p.IDMade)
 	g, err := r.run(ctx)
@@ -830,7 +837,7 @@ func (r *request) attempt(ctx context.Context, d router.Decision, e *workerEntry
 	if r.fr != nil {
 		r.fr.Prefilled() //nolint:errcheck // a cancelled request has nothing left to mark
 	}
-	return &Generation{ID: r.id, Model: s.models.Name, Worker: e.name, PromptTokens: r.pm.Len,
+	return &Generation{ID: r.id, Model: s.models.Name, Worker: e.name, PromptTokens: r.pm.Len, Started: r.start,
 		r: r, e: e, ctx: ctx, in: events, first: first, held: true}, nil
 }
 

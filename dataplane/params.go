@@ -11,9 +11,13 @@ import (
 
 // NewRequestID makes a request id for a request whose client gave none: "dp-<unix
 // seconds>-<counter in hex>", unique in this process.
-func (s *Service) NewRequestID() string {
+func (s *Service) NewRequestID() string { return s.NewRequestIDAt(time.Now()) }
+
+// NewRequestIDAt is NewRequestID with the clock already read (a reading costs 40 ns on a VM;
+// the text-only path read it ten times a request, issue 26).
+func (s *Service) NewRequestIDAt(now time.Time) string {
 	b := make([]byte, 0, 32) // dp-<unix seconds>-<n in hex>, one allocation (Sprintf took three)
-	b = strconv.AppendInt(append(b, "dp-"...), time.Now().Unix(), 10)
+	b = strconv.AppendInt(append(b, "dp-"...), now.Unix(), 10)
 	b = strconv.AppendUint(append(b, '-'), s.nextID.Add(1), 16)
 	return string(b)
 }

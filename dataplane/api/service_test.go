@@ -238,6 +238,8 @@ func TestTextOnlyAndStreaming(t *testing.T) {
 	var text strings.Builder
 	var events, doneSeen int
 	var lastUsage map[string]any
+	created := map[float64]bool{} // one value for every chunk, the request's arrival (as vLLM's and OpenAI's)
+	before := time.Now().Unix()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
@@ -253,6 +255,7 @@ func TestTextOnlyAndStreaming(t *testing.T) {
 		var c map[string]any
 		require.NoError(t, json.Unmarshal([]byte(data), &c))
 		require.Equal(t, "chat.completion.chunk", c["object"])
+		created[c["created"].(float64)] = true
 		if u, ok := c["usage"].(map[string]any); ok {
 			lastUsage = u
 		}
@@ -266,6 +269,10 @@ func TestTextOnlyAndStreaming(t *testing.T) {
 	require.Equal(t, "tok0 tok1 tok2 tok3 ", text.String())
 	require.Equal(t, float64(4), lastUsage["completion_tokens"])
 	require.GreaterOrEqual(t, events, 6) // role, 4 tokens, finish, usage
+	require.Len(t, created, 1, "created differs between chunks: %v", created)
+	for c := range created {
+		require.InDelta(t, float64(before), c, 1)
+	}
 
 	// Completions stream their usage too when asked, with what the engine had cached.
 	d.w.mu.Lock()
