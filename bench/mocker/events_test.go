@@ -339,6 +339,12 @@ func TestEventsOverNATS(t *testing.T) {
 	mu.Lock()
 	checkOutputs(t, arr, got)
 	mu.Unlock()
+	// An engine hands a step's outputs to the sinks before it publishes the step's events: the
+	// last Done can arrive before the last batch is published. A call on each engine's loop
+	// waits for that step to end, so published counts every batch before the wait below.
+	for i := range f.Len() {
+		require.NoError(t, f.Inspect(ctx, i, func(*Engine) {}))
+	}
 	require.NoError(t, nc.Flush())
 	require.Eventually(t, func() bool { return kv.Stats().Batches.Load() == published.Load() }, 10*time.Second, 10*time.Millisecond)
 	for i := range f.Len() {

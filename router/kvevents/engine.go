@@ -235,7 +235,9 @@ func (e *Engine) Forget() {
 
 func (e *Engine) apply(seq uint64, payload []byte) {
 	e.haveSeq, e.last = true, seq
-	e.stats.Batches.Add(1)
+	// Counted once the batch is in the index (or dropped): a reader that sees the count reach
+	// what was published finds every block in place (TestEventsOverNATS waits on it).
+	defer e.stats.Batches.Add(1)
 	if err := DecodeBatch(payload, &e.batch); err != nil {
 		if e.drop(reasonBadPayload, 1) {
 			e.logDrop(reasonBadPayload, "seq", seq, "error", err)
