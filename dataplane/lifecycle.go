@@ -58,7 +58,6 @@ type Generation struct {
 	Model        string
 	Worker       string
 	PromptTokens int
-	Started      time.Time // when the request arrived (Prompt.Received, else when Run began)
 
 	// The reader takes the worker's events straight from its channel, with no goroutine
 	// between: a relay cost a goroutine start and two hand-offs a request (issue 26).
@@ -70,6 +69,9 @@ type Generation struct {
 	held  bool         // first is still to be read
 	ended bool         // the last event was read, or the generation ended without it
 }
+
+// Started is when the request arrived (Prompt.Received, else when Run began).
+func (g *Generation) Started() time.Time { return g.r.start }
 
 // Events yields the worker's events in order, the Done event last (its Err, when the worker
 // failed, is an upstreamError naming it). It stops early, without a Done event, when the
@@ -837,7 +839,7 @@ func (r *request) attempt(ctx context.Context, d router.Decision, e *workerEntry
 	if r.fr != nil {
 		r.fr.Prefilled() //nolint:errcheck // a cancelled request has nothing left to mark
 	}
-	return &Generation{ID: r.id, Model: s.models.Name, Worker: e.name, PromptTokens: r.pm.Len, Started: r.start,
+	return &Generation{ID: r.id, Model: s.models.Name, Worker: e.name, PromptTokens: r.pm.Len,
 		r: r, e: e, ctx: ctx, in: events, first: first, held: true}, nil
 }
 

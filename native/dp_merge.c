@@ -113,7 +113,7 @@ __attribute__((target("avx2"))) static void stream_row(char *dst, const char *sr
 }
 /* stream_rows2 copies two rows at once, a line of each in turn, so that two rows' DRAM streams
  * are in flight, as glibc's large memcpy interleaves pages: the 32K-row gather went from
- * 0.92-0.95x memcpy to 1.00-1.08x on one thread (2026-11-24, Zen 5, alternating runs). */
+ * 0.91-0.97x memcpy to 1.02-1.05x on one thread (2026-11-24, Zen 5, 5 alternating runs). */
 __attribute__((target("avx2"))) static void stream_rows2(char *d0, const char *s0, char *d1, const char *s1, size_t bytes) {
 	for (size_t i = 0; i < bytes; i += 64) {
 		__m256i a = _mm256_loadu_si256((const __m256i *)(s0 + i)), b = _mm256_loadu_si256((const __m256i *)(s0 + i + 32));

@@ -321,7 +321,7 @@ func (f chatStream) logprobs(lp *openai.CompletionLogprobs) *openai.ChatLogprobs
 }
 
 func (f chatStream) chunk(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish *string, usage *openai.Usage) any {
-	c := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: g.Started.Unix(), Model: g.Model, Usage: usage,
+	c := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: g.Started().Unix(), Model: g.Model, Usage: usage,
 		Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Content: text}, Logprobs: f.logprobs(lp), FinishReason: finish}}}
 	if usage != nil {
 		c.Choices = []openai.ChatChunkChoice{}
@@ -330,7 +330,7 @@ func (f chatStream) chunk(g *dataplane.Generation, text string, lp *openai.Compl
 }
 
 func (f chatStream) appendWhole(b []byte, g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) ([]byte, error) {
-	j, err := json.Marshal(openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: g.Started.Unix(), Model: g.Model, Usage: &usage,
+	j, err := json.Marshal(openai.ChatCompletion{ID: g.ID, Object: "chat.completion", Created: g.Started().Unix(), Model: g.Model, Usage: &usage,
 		Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, Logprobs: f.logprobs(lp), FinishReason: finish}}})
 	return append(b, j...), err
 }
@@ -338,7 +338,7 @@ func (f chatStream) appendWhole(b []byte, g *dataplane.Generation, text string, 
 type completionStream struct{}
 
 func (completionStream) chunk(g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish *string, usage *openai.Usage) any {
-	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: g.Started.Unix(), Model: g.Model, Usage: usage,
+	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: g.Started().Unix(), Model: g.Model, Usage: usage,
 		Choices: []openai.CompletionChoice{{Text: text, Logprobs: lp, FinishReason: finish}}}
 	if usage != nil {
 		c.Choices = []openai.CompletionChoice{}
@@ -347,7 +347,7 @@ func (completionStream) chunk(g *dataplane.Generation, text string, lp *openai.C
 }
 
 func (completionStream) appendWhole(b []byte, g *dataplane.Generation, text string, lp *openai.CompletionLogprobs, finish string, usage openai.Usage) ([]byte, error) {
-	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: g.Started.Unix(), Model: g.Model, Usage: &usage,
+	c := openai.Completion{ID: g.ID, Object: "text_completion", Created: g.Started().Unix(), Model: g.Model, Usage: &usage,
 		Choices: []openai.CompletionChoice{{Text: text, Logprobs: lp, FinishReason: &finish}}}
 	return c.AppendJSON(b)
 }
@@ -430,7 +430,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, endpoint string, req parsed)
 		defer func() { s.finished(endpoint, start, outcome) }()
 		sse := NewSSE(w)
 		if _, ok := f.(chatStream); ok {
-			first := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: g.Started.Unix(), Model: g.Model,
+			first := openai.ChatChunk{ID: g.ID, Object: "chat.completion.chunk", Created: g.Started().Unix(), Model: g.Model,
 				Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Role: "assistant"}}}}
 			if sse.Event(first) != nil {
 				return

@@ -21,7 +21,7 @@ func BenchmarkTextOnlyHTTP(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	daemon := listen(b)
-	go srv.Serve(ctx, daemon) //nolint:errcheck
+	go srv.Serve(ctx, daemon)   //nolint:errcheck
 	answer := make([]byte, 320) // about the daemon's answer's length
 	hello := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
