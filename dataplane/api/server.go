@@ -307,8 +307,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint "+strconv.Quote(string(path)))
 	}
-	if ctx.Request.Header.ContentLength() != 0 && !readsBody(route, ctx) {
-		ctx.SetConnectionClose() // a body nobody read would be taken for the next request
+	// A body nobody read would be taken for the next request. Content length -2 is a request
+	// with neither Content-Length nor Transfer-Encoding: no body (RFC 9112 6.3), fasthttp's
+	// GET and HEAD; closing after those ended keep-alive for every probe and scrape.
+	if cl := ctx.Request.Header.ContentLength(); (cl > 0 || cl == -1) && !readsBody(route, ctx) {
+		ctx.SetConnectionClose()
 	}
 	s.metrics.httpBy.get(route, codeLabel(ctx.Response.StatusCode())).Inc()
 	s.metrics.durationBy.get(route, "").Observe(time.Since(start).Seconds())

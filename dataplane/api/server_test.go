@@ -161,3 +161,34 @@ func TestServeEndsWhenShutDownAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// A connection is kept alive after a request whose body was read or that had none, and closed
+// after one with a body nobody read (its bytes would be taken for the next request). GETs
+// carry no Content-Length: fasthttp gives them -2, which once closed every probe's connection.
+func TestKeepAliveUnlessABodyWasLeft(t *testing.T) {
+	base := startDaemon(t, nil).base
+	for _, c := range []struct {
+		name, request string
+		close         bool
+	}{
+		{"GET, no body", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false},
+		{"HEAD", "HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false},
+		{"GET, empty body", "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", false},
+		{"GET, unread body", "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", true},
+		{"GET, unread chunked body", "GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", true},
+		{"POST to an endpoint that reads it", "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 30\r\n\r\n{\"prompt\":\"hi\",\"max_tokens\":1}", false},
+		{"POST to one that does not", "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+			require.NoError(t, err)
+			defer conn.Close()
+			_, err = fmt.Fprint(conn, c.request)
+			require.NoError(t, err)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: strings.Fields(c.request)[0]})
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, c.close, resp.Close, "Connection: close (%d)", resp.StatusCode)
+		})
+	}
+}
