@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // unusedConns tracks accepted connections that have not sent a byte yet. fasthttp counts a
@@ -14,12 +15,13 @@ import (
 // shutdown may close it at once.
 type unusedConns struct {
 	net.Listener
+	late   time.Duration // how late a deadline may fire (lazyDeadlines)
 	mu     sync.Mutex
 	unused map[*trackedConn]struct{}
 }
 
-func trackUnused(ln net.Listener) *unusedConns {
-	return &unusedConns{Listener: ln, unused: make(map[*trackedConn]struct{})}
+func trackUnused(ln net.Listener, late time.Duration) *unusedConns {
+	return &unusedConns{Listener: ln, late: late, unused: make(map[*trackedConn]struct{})}
 }
 
 func (l *unusedConns) Accept() (net.Conn, error) {
@@ -27,7 +29,7 @@ func (l *unusedConns) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	tc := &trackedConn{Conn: c, owner: l}
+	tc := &trackedConn{lazyDeadlines: lazyDeadlines{Conn: c, late: int64(l.late)}, owner: l}
 	l.mu.Lock()
 	l.unused[tc] = struct{}{}
 	l.mu.Unlock()
@@ -58,13 +60,13 @@ func (l *unusedConns) forget(c *trackedConn) {
 }
 
 type trackedConn struct {
-	net.Conn
+	lazyDeadlines
 	owner *unusedConns
 	used  atomic.Bool
 }
 
 func (c *trackedConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
+	n, err := c.lazyDeadlines.Read(b)
 	if n > 0 && !c.used.Load() {
 		c.owner.forget(c)
 	}

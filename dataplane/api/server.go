@@ -174,7 +174,7 @@ func (s *Server) Registry() *prometheus.Registry { return s.registry }
 // passed ends those still running (a stream with an SSE error event, others with a 503). It
 // returns nil when every request ended within the timeout.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	tracked := trackUnused(ln)
+	tracked := trackUnused(ln, s.deadlineLate())
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(tracked) }()
 	select {
@@ -224,6 +224,18 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("http server: %w", err)
 	}
 	return nil
+}
+
+// deadlineLate is how late a connection's deadlines may fire: an eighth of the shortest
+// timeout (lazyDeadlines).
+func (s *Server) deadlineLate() time.Duration {
+	var shortest time.Duration
+	for _, t := range []time.Duration{s.opts.HeaderTimeout, s.opts.ReadTimeout, s.opts.WriteTimeout, s.opts.IdleTimeout} {
+		if t > 0 && (shortest == 0 || t < shortest) {
+			shortest = t
+		}
+	}
+	return shortest / 8
 }
 
 // DrainDeadline is when the drain Serve started on shutdown must be over (what is left of
