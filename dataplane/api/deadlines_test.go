@@ -169,7 +169,7 @@ func TestHeaderTimeoutWithLazyDeadlines(t *testing.T) {
 		select {
 		case took := <-cut:
 			require.GreaterOrEqual(t, took, opts.HeaderTimeout, "cut early")
-			require.Less(t, took, opts.HeaderTimeout+late+300*time.Millisecond, "cut late")
+			require.Less(t, took, opts.HeaderTimeout+late+time.Second, "cut late") // a busy machine's scheduling on top
 			return
 		case <-time.After(20 * time.Millisecond):
 		}
