@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -258,6 +259,28 @@ func TestSlotsRefCountsAndExpiry(t *testing.T) {
 	require.Equal(t, 3, s.InFlight())
 	require.False(t, s.Finish("p"), "the oldest made room")
 	s.ForgetWorker(2)
+	require.Zero(t, s.InFlight())
+}
+
+// One long request at the front of the start order (a stream, alive up to the TTL) does not
+// keep the ids of the many that finished after it: after a start the order holds at most twice
+// the tracked requests plus 1024, and the long one still expires first.
+func TestSlotsOrderBoundedBehindALongRequest(t *testing.T) {
+	s, err := NewSlots(64, 16, time.Minute, 1<<20)
+	require.NoError(t, err)
+	t0 := time.Now()
+	require.NoError(t, s.Start("long", 1, []uint64{1}, 16, 0, t0))
+	for i := range 100_000 {
+		id := strconv.Itoa(i)
+		require.NoError(t, s.Start(id, 2, []uint64{2}, 16, 0, t0))
+		require.LessOrEqual(t, len(s.order), 2*s.InFlight()+1024)
+		if i%10 != 0 { // a tenth still running
+			require.True(t, s.Finish(id))
+		}
+	}
+	require.Equal(t, 10_001, s.InFlight())
+	require.Equal(t, "long", s.order[0])
+	require.Equal(t, 10_001, s.Expire(t0.Add(time.Minute)))
 	require.Zero(t, s.InFlight())
 }
 

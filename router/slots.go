@@ -28,7 +28,7 @@ type Slots struct {
 	mu    sync.Mutex
 	refs  *index.Counts // requests in flight per (block, worker)
 	reqs  map[string]*slotRequest
-	order []string // request ids in start order, for expiry (may hold finished ids)
+	order []string // request ids in start order, for expiry (may hold finished ids; compactOrder bounds them)
 	buf   []uint64
 }
 
@@ -144,6 +144,9 @@ func (s *Slots) Start(id string, w index.Worker, hashes []uint64, promptTokens i
 		prefill: int64(max(prefillTokens, 0)), started: now}
 	s.reqs[id] = req
 	s.order = append(s.order, id)
+	if len(s.order) > 2*len(s.reqs)+1024 {
+		s.compactOrder()
+	}
 	// Storing the whole chain gives every block's key (those in use already keep theirs) and sets
 	// w's bit on the blocks no request of w used yet: exactly those whose count becomes 1.
 	req.keys = make([]uint64, len(hashes))
@@ -188,6 +191,20 @@ func (s *Slots) finishLocked(id string) bool {
 	l.prefill.Add(-req.prefill)
 	l.reqs.Add(-1)
 	return true
+}
+
+// compactOrder drops finished ids from order (mu held). Expire drops them only from its front,
+// so one long request there would keep every later finished id for up to the TTL; compacting
+// when they outnumber the tracked ones bounds order and costs O(1) a Start, amortized.
+func (s *Slots) compactOrder() {
+	kept := s.order[:0]
+	for _, id := range s.order {
+		if _, ok := s.reqs[id]; ok {
+			kept = append(kept, id)
+		}
+	}
+	clear(s.order[len(kept):])
+	s.order = kept
 }
 
 // Expire drops requests started more than the TTL before now (lost finishes: a client that
