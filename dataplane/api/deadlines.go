@@ -17,14 +17,17 @@ import (
 // (updateReadDeadline, "only if more than 25% of the last read deadline exceeded",
 // golang/go#15133), firing up to a quarter early instead.
 //
-// Deadlines are Unix nanoseconds (0: none) in atomics, so that an ask from another goroutine
-// and an operation starting meet: each stores its side first and then reads the other's, so
-// at least one of them sees both.
+// Deadlines are nanoseconds since deadlineBase (0: none) in atomics, so that an ask from another
+// goroutine and an operation starting meet: each stores its side first and then reads the
+// other's, so at least one of them sees both. Measured from a time.Now they keep the monotonic
+// clock, as the deadlines asked for do: a step of the wall clock moves none of them.
 type lazyDeadlines struct {
 	net.Conn
 	late        int64 // nanoseconds; 0: every new deadline goes to the socket
 	read, write deadline
 }
+
+var deadlineBase = time.Now()
 
 type deadline struct {
 	asked, socket atomic.Int64
@@ -63,7 +66,9 @@ func (c *lazyDeadlines) SetDeadline(t time.Time) error {
 func (c *lazyDeadlines) ask(d *deadline, t time.Time) error {
 	var ns int64
 	if !t.IsZero() {
-		ns = max(t.UnixNano(), 1) // 0 is none
+		if ns = int64(t.Sub(deadlineBase)); ns == 0 {
+			ns = 1 // 0 is none
+		}
 	}
 	d.asked.Store(ns)
 	if d.busy.Load() {
@@ -90,7 +95,7 @@ func (c *lazyDeadlines) update(d *deadline) error {
 func (c *lazyDeadlines) set(d *deadline, ns int64) error {
 	var t time.Time
 	if ns != 0 {
-		t = time.Unix(0, ns)
+		t = deadlineBase.Add(time.Duration(ns))
 	}
 	var err error
 	if d == &c.read {

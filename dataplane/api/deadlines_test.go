@@ -15,7 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// socketDeadlines is a connection that records the deadlines given to it.
+// socketDeadlines is a connection that records the deadlines given to it, by the wall clock
+// (lazyDeadlines gives them the monotonic reading of its base as well).
 type socketDeadlines struct {
 	net.Conn
 	read, write []time.Time
@@ -24,11 +25,11 @@ type socketDeadlines struct {
 func (c *socketDeadlines) Read([]byte) (int, error)  { return 0, nil }
 func (c *socketDeadlines) Write([]byte) (int, error) { return 0, nil }
 func (c *socketDeadlines) SetReadDeadline(t time.Time) error {
-	c.read = append(c.read, t)
+	c.read = append(c.read, t.Round(0))
 	return nil
 }
 func (c *socketDeadlines) SetWriteDeadline(t time.Time) error {
-	c.write = append(c.write, t)
+	c.write = append(c.write, t.Round(0))
 	return nil
 }
 
