@@ -279,9 +279,47 @@ func TestSlotsOrderBoundedBehindALongRequest(t *testing.T) {
 		}
 	}
 	require.Equal(t, 10_001, s.InFlight())
-	require.Equal(t, "long", s.order[0])
+	require.Equal(t, "long", s.order[0].id)
 	require.Equal(t, 10_001, s.Expire(t0.Add(time.Minute)))
 	require.Zero(t, s.InFlight())
+}
+
+// An id started again once finished (a client reusing its request id) leaves one live start:
+// its earlier starts neither keep the order long, nor stop Expire at the front while the new
+// start is young, nor are taken for it when the oldest request makes room.
+func TestSlotsReusedIDs(t *testing.T) {
+	s, err := NewSlots(64, 16, time.Minute, 4)
+	require.NoError(t, err)
+	t0 := time.Now()
+	for i := range 50_000 {
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		require.NoError(t, s.Start("same", 1, []uint64{1}, 16, 0, now))
+		require.LessOrEqual(t, len(s.order), 2*s.InFlight()+1024)
+		if i%1000 == 999 {
+			s.Expire(now)
+		}
+		require.True(t, s.Finish("same"))
+	}
+	// Expire: a stale start of "young" at the front does not hold back "old" behind it.
+	s, err = NewSlots(64, 16, time.Minute, 4)
+	require.NoError(t, err)
+	require.NoError(t, s.Start("young", 1, []uint64{1}, 16, 0, t0))
+	require.True(t, s.Finish("young"))
+	require.NoError(t, s.Start("old", 1, []uint64{2}, 16, 0, t0))
+	require.NoError(t, s.Start("young", 1, []uint64{1}, 16, 0, t0.Add(2*time.Minute)))
+	require.Equal(t, 1, s.Expire(t0.Add(90*time.Second)), "old expired")
+	require.Equal(t, 1, s.InFlight())
+	// Making room finishes the oldest live request, not the newest start of a reused id.
+	s, err = NewSlots(64, 16, time.Minute, 2)
+	require.NoError(t, err)
+	require.NoError(t, s.Start("a", 1, []uint64{1}, 16, 0, t0))
+	require.True(t, s.Finish("a"))
+	require.NoError(t, s.Start("b", 1, []uint64{2}, 16, 0, t0))
+	require.NoError(t, s.Start("a", 1, []uint64{1}, 16, 0, t0))
+	require.NoError(t, s.Start("c", 1, []uint64{3}, 16, 0, t0))
+	require.False(t, s.Finish("b"), "b, the oldest, made room")
+	require.True(t, s.Finish("a"))
+	require.True(t, s.Finish("c"))
 }
 
 // Slots against a plain model under random starts and finishes on a few workers, with prompts

@@ -28,7 +28,8 @@ type Slots struct {
 	mu    sync.Mutex
 	refs  *index.Counts // requests in flight per (block, worker)
 	reqs  map[string]*slotRequest
-	order []string // request ids in start order, for expiry (may hold finished ids; compactOrder bounds them)
+	order []started // in start order, for expiry (may hold finished starts; compactOrder bounds them)
+	seq   uint64    // starts so far
 	buf   []uint64
 }
 
@@ -63,6 +64,13 @@ type slotRequest struct {
 	private int      // blocks of the request nobody else can share (a partial last block)
 	prefill int64
 	started time.Time
+	seq     uint64 // which start of the id this is: an id may start again once finished
+}
+
+// started is a start in Slots.order: an id, and which of its starts (slotRequest.seq).
+type started struct {
+	id  string
+	seq uint64
 }
 
 // ErrDuplicateRequest reports a Start for a request id already in flight.
@@ -136,14 +144,19 @@ func (s *Slots) Start(id string, w index.Worker, hashes []uint64, promptTokens i
 		return &ErrDuplicateRequest{ID: id}
 	}
 	for len(s.reqs) >= s.max && len(s.order) > 0 {
-		s.finishLocked(s.order[0])
+		if s.live(s.order[0]) {
+			s.finishLocked(s.order[0].id)
+		}
+		s.order[0] = started{}
 		s.order = s.order[1:]
 	}
 	total := (promptTokens + s.blockSize - 1) / s.blockSize
 	req := &slotRequest{worker: w, seqs: slices.Clone(hashes), private: max(total-len(hashes), 0),
 		prefill: int64(max(prefillTokens, 0)), started: now}
+	s.seq++
+	req.seq = s.seq
 	s.reqs[id] = req
-	s.order = append(s.order, id)
+	s.order = append(s.order, started{id, req.seq})
 	if len(s.order) > 2*len(s.reqs)+1024 {
 		s.compactOrder()
 	}
@@ -193,14 +206,22 @@ func (s *Slots) finishLocked(id string) bool {
 	return true
 }
 
-// compactOrder drops finished ids from order (mu held). Expire drops them only from its front,
-// so one long request there would keep every later finished id for up to the TTL; compacting
-// when they outnumber the tracked ones bounds order and costs O(1) a Start, amortized.
+// live reports whether st is a request still tracked, not an earlier start of its id (mu held).
+func (s *Slots) live(st started) bool {
+	req, ok := s.reqs[st.id]
+	return ok && req.seq == st.seq
+}
+
+// compactOrder drops finished starts from order (mu held). Expire drops them only from its
+// front, so one long request there would keep every later finished start for up to the TTL;
+// compacting when they outnumber the tracked ones bounds order (to twice the tracked requests
+// plus 1024 after a Start: each tracked request has one live start) and costs O(1) a Start,
+// amortized.
 func (s *Slots) compactOrder() {
 	kept := s.order[:0]
-	for _, id := range s.order {
-		if _, ok := s.reqs[id]; ok {
-			kept = append(kept, id)
+	for _, st := range s.order {
+		if s.live(st) {
+			kept = append(kept, st)
 		}
 	}
 	clear(s.order[len(kept):])
@@ -214,18 +235,19 @@ func (s *Slots) Expire(now time.Time) int {
 	defer s.mu.Unlock()
 	n := 0
 	for len(s.order) > 0 {
-		id := s.order[0]
-		req, ok := s.reqs[id]
-		if ok && now.Sub(req.started) < s.ttl {
+		st := s.order[0]
+		live := s.live(st)
+		if live && now.Sub(s.reqs[st.id].started) < s.ttl {
 			break
 		}
-		if ok && s.finishLocked(id) {
+		if live && s.finishLocked(st.id) {
 			n++
 		}
+		s.order[0] = started{}
 		s.order = s.order[1:]
 	}
 	if cap(s.order) > 1024 && len(s.order) < cap(s.order)/4 {
-		s.order = append([]string(nil), s.order...) // let a drained queue's array go
+		s.order = append([]started(nil), s.order...) // let a drained queue's array go
 	}
 	return n
 }
