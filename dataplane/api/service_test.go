@@ -313,6 +313,10 @@ func TestBadRequests(t *testing.T) {
 	f("/v1/chat/completions", user(img("http://169.254.169.254/latest/meta-data")), 400, "messages[0].content[0]", "http(s):// URLs are disabled")
 	f("/v1/chat/completions", user(img("file:///etc/passwd")), 400, "messages[0].content[0]", "file:// URLs are disabled")
 	f("/v1/chat/completions", user(map[string]any{"type": "image_url", "uuid": "never-seen"}), 400, "messages[0].content[0]", `uuid "never-seen"`)
+	// A uuid longer than an item id may be: 400 before the picture is decoded (it was a 500 from
+	// the feature store, after the daemon had remembered it).
+	f("/v1/chat/completions", user(map[string]any{"type": "image_url", "image_url": map[string]any{"url": dataURL(t, "image/png", "image_200x150.png")},
+		"uuid": strings.Repeat("u", 4<<20)}), 400, "messages[0].content[0].uuid", "4194304 bytes, at most 1024")
 	f("/v1/chat/completions", user(img("data:,a"), img("data:,b"), img("data:,c")), 400, "messages[0].content[2]", "more than 2 media items")
 	f("/v1/chat/completions", map[string]any{"model": "gpt-9", "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 404, "model", `"gpt-9"`)
 	f("/v1/completions", map[string]any{"prompt": []int{1, 99999999}}, 400, "prompt[1]", "outside")

@@ -312,8 +312,23 @@ func ParseChat(body []byte, lim Limits) (*ChatRequest, error) {
 	return req, nil
 }
 
+// MaxUUIDBytes bounds a media item's uuid: it becomes the item's id in the feature store, which
+// takes ids up to this length, and the daemon remembers up to 65,536 of them (with their
+// salts) for later requests that send the uuid alone.
+const MaxUUIDBytes = 1024
+
+func checkUUID(uuid, path string) error {
+	if len(uuid) > MaxUUIDBytes {
+		return Invalid(path+".uuid", "%d bytes, at most %d", len(uuid), MaxUUIDBytes)
+	}
+	return nil
+}
+
 // part checks one content part.
 func part(rp rawPart, path string) (Part, error) {
+	if err := checkUUID(rp.UUID, path); err != nil {
+		return Part{}, err
+	}
 	media := func(m sequence.Modality, ref *rawURL, field string) (Part, error) {
 		url := ""
 		if ref != nil {
@@ -512,6 +527,9 @@ func ParsePretokenized(body []byte, lim Limits) (*PretokenizedRequest, error) {
 		mod, err := sequence.ParseModality(rm.Modality)
 		if err != nil {
 			return nil, Invalid(path+".modality", "modality %q (want image, audio or video)", rm.Modality)
+		}
+		if err := checkUUID(rm.UUID, path); err != nil {
+			return nil, err
 		}
 		m := &Media{Modality: mod, URL: strings.TrimSpace(rm.URL), UUID: rm.UUID, Format: strings.ToLower(rm.Format), Path: path}
 		if rm.Data != "" {

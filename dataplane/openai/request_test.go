@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	fastjson "github.com/segmentio/encoding/json"
@@ -85,6 +86,7 @@ func TestParseChatErrors(t *testing.T) {
 	f(user(`{"type":"image_url","uuid":"a"},{"type":"image_url","uuid":"b"},{"type":"image_url","uuid":"c"}`),
 		"messages[0].content[2]", "more than 2 media items")
 	f(`{"messages":[{"role":"system","content":[{"type":"image_url","uuid":"a"}]}]}`, "messages[0].content[0]", "only allowed in user messages")
+	f(user(`{"type":"image_url","uuid":"`+strings.Repeat("u", MaxUUIDBytes+1)+`"}`), "messages[0].content[0].uuid", "1025 bytes, at most 1024")
 	f(`{"messages":[{"role":"user","content":"x"}],"max_tokens":0}`, "max_tokens", "want 1..")
 	f(`{"messages":[{"role":"user","content":"x"}],"temperature":3}`, "temperature", "want 0..2")
 	f(`{"messages":[{"role":"user","content":"x"}],"top_p":0}`, "top_p", "0 < top_p <= 1")
@@ -133,11 +135,12 @@ func TestParsePretokenized(t *testing.T) {
 	require.Equal(t, "media[1]", req.Media[1].Path)
 	for body, want := range map[string]string{
 		`{"media":[]}`: "token_ids is required",
-		`{"token_ids":[1],"placeholder_style":"dense"}`:                          `"dense"`,
-		`{"token_ids":[1],"n":2}`:                                                "only n = 1",
-		`{"token_ids":[1],"media":[{"modality":"smell","uuid":"x"}]}`:            `media[0].modality: modality "smell"`,
-		`{"token_ids":[1],"media":[{"modality":"image"}]}`:                       "media[0]: a media item needs url, data or a uuid",
-		`{"token_ids":[1],"media":[{"modality":"image","url":"x","data":"AA"}]}`: "media[0]: give url or data, not both",
+		`{"token_ids":[1],"placeholder_style":"dense"}`:                                               `"dense"`,
+		`{"token_ids":[1],"n":2}`:                                                                     "only n = 1",
+		`{"token_ids":[1],"media":[{"modality":"smell","uuid":"x"}]}`:                                 `media[0].modality: modality "smell"`,
+		`{"token_ids":[1],"media":[{"modality":"image","uuid":"` + strings.Repeat("u", 2000) + `"}]}`: "media[0].uuid: 2000 bytes, at most 1024",
+		`{"token_ids":[1],"media":[{"modality":"image"}]}`:                                            "media[0]: a media item needs url, data or a uuid",
+		`{"token_ids":[1],"media":[{"modality":"image","url":"x","data":"AA"}]}`:                      "media[0]: give url or data, not both",
 	} {
 		_, err := ParsePretokenized([]byte(body), DefaultLimits())
 		require.ErrorContains(t, err, want, body)
