@@ -257,8 +257,8 @@ func (h *Handler) route(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "token_ids: empty")
 		return
 	}
-	if strings.IndexByte(req.RequestID, 0) >= 0 {
-		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "request_id: contains a NUL character")
+	if err := checkRequestID(req.RequestID); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 	media := make([]router.Media, 0, len(req.Media))
@@ -317,10 +317,28 @@ func (h *Handler) route(ctx *fasthttp.RequestCtx) {
 	h.recent.Add(req.RequestID, d)
 }
 
+// maxRequestID bounds a tracked request's id: the router keeps up to MaxRequests of them for up
+// to the request TTL, so their length is memory it holds.
+const maxRequestID = 256
+
+func checkRequestID(id string) error {
+	if len(id) > maxRequestID {
+		return fmt.Errorf("request_id: %d bytes, at most %d", len(id), maxRequestID)
+	}
+	if strings.IndexByte(id, 0) >= 0 {
+		return errors.New("request_id: contains a NUL character")
+	}
+	return nil
+}
+
 func (h *Handler) lifecycle(ctx *fasthttp.RequestCtx) {
 	var req LifecycleRequest
 	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "body: "+err.Error())
+		return
+	}
+	if err := checkRequestID(req.RequestID); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 	switch req.Event {

@@ -100,6 +100,10 @@ func TestHTTPAPI(t *testing.T) {
 	bad("POST", "/v1/route", `{"token_ids": [1], "allow": ["w9"]}`, 503, "no eligible worker")
 	bad("GET", "/v1/route", ``, 405, "takes POST")
 	bad("POST", "/v1/lifecycle", `{"request_id": "x", "event": "explode"}`, 400, "want prefill_done, first_token")
+	long := strings.Repeat("r", 257) // ids are kept while tracked: their length is bounded
+	bad("POST", "/v1/route", `{"token_ids": [1], "request_id": "`+long+`"}`, 400, "request_id: 257 bytes, at most 256")
+	bad("POST", "/v1/lifecycle", `{"request_id": "`+long+`", "event": "finish"}`, 400, "request_id: 257 bytes")
+	bad("POST", "/v1/route", `{"token_ids": [1], "request_id": "a\u0000b"}`, 400, "NUL")
 	bad("GET", "/nowhere", ``, 404, "no endpoint")
 	bad("GET", "/v1/fleet", ``, 404, "no endpoint")
 	code, out = call("GET", "/readyz", "")
