@@ -53,6 +53,9 @@ var (
 	ErrNotRegular = fmt.Errorf("%w: not a regular file", ErrNotFound)
 )
 
+// The fetcher's idle connections: per host, in all.
+const maxIdlePerHost, maxIdle = 4, 64
+
 // Fetcher fetches media. Safe for concurrent use.
 type Fetcher struct {
 	opts    Options
@@ -90,7 +93,11 @@ func New(opts Options) (*Fetcher, error) {
 			Proxy:                 nil, // a proxy would hide the address we check
 			TLSHandshakeTimeout:   5 * time.Second,
 			ResponseHeaderTimeout: opts.Timeout,
-			MaxIdleConnsPerHost:   4,
+			// Hosts are the clients' choice: idle connections (two goroutines, buffers and a
+			// socket each) are kept for a few per host, few in all, and not for long.
+			MaxIdleConnsPerHost: maxIdlePerHost,
+			MaxIdleConns:        maxIdle,
+			IdleConnTimeout:     30 * time.Second,
 		},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if len(via) >= 3 {

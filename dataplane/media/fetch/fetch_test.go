@@ -3,12 +3,14 @@ package fetch
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -193,4 +195,30 @@ func TestFileOutsideSameAnswer(t *testing.T) {
 	for _, p := range []string{filepath.Join(media, "no-such-file"), filepath.Join(media, "in", "no-such-file"), filepath.Join(media, "no-dir", "x")} {
 		require.ErrorIs(t, answer(p), ErrNotFound, p)
 	}
+}
+
+// Media from many hosts (each a client's choice) leaves at most maxIdle idle connections in
+// all, not maxIdlePerHost per host.
+func TestIdleConnectionsBounded(t *testing.T) {
+	var open atomic.Int64
+	hosts := maxIdle + 20
+	f, err := New(Options{HTTP: true, AllowPrivateNetworks: true})
+	require.NoError(t, err)
+	for range hosts {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "x") }))
+		srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+			switch s {
+			case http.StateNew:
+				open.Add(1)
+			case http.StateClosed, http.StateHijacked:
+				open.Add(-1)
+			}
+		}
+		srv.Start()
+		defer srv.Close()
+		_, err := f.Fetch(context.Background(), srv.URL+"/img")
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return open.Load() <= maxIdle }, 5*time.Second, 10*time.Millisecond,
+		"%d connections open after fetches from %d hosts", open.Load(), hosts)
 }
