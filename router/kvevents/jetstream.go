@@ -103,7 +103,7 @@ type StreamFeed struct {
 	mu           sync.Mutex      // serialises engines' batches with registration; guards waiting, joining, applied
 	joining      map[string]bool // registered, catching up from the stream: their batches wait
 	waiting      map[string][]waitingBatch
-	order        []waitingRef // every waiting batch, oldest first (entries of flushed ones stay until popped)
+	order        []waitingRef // every waiting batch, oldest first (entries of applied ones stay until compactOrder)
 	waitingBytes int64
 	waitingCount int
 
@@ -168,6 +168,7 @@ func (s *StreamFeed) AddWorker(name string) (*Engine, error) {
 	}
 	delete(s.waiting, name)
 	delete(s.joining, name)
+	s.compactOrder()
 	return e, nil
 }
 
@@ -330,6 +331,25 @@ func (s *StreamFeed) wait(name string, streamSeq uint64, data []byte) {
 		} else {
 			s.waiting[ref.name] = held[1:]
 		}
+	}
+	s.compactOrder()
+}
+
+// compactOrder drops the entries of batches no longer waiting (applied when their worker came)
+// once they outnumber the waiting ones, and lets a drained queue's array go. s.mu must be held.
+// Without it, workers that come and go with batches waiting for them each time would leave an
+// entry a batch for the life of the process.
+func (s *StreamFeed) compactOrder() {
+	if len(s.order) > 2*s.waitingCount+1024 {
+		kept := s.order[:0]
+		for _, ref := range s.order {
+			// A worker's batches leave its queue from the front or all at once, in stream order.
+			if held := s.waiting[ref.name]; len(held) > 0 && ref.streamSeq >= held[0].streamSeq {
+				kept = append(kept, ref)
+			}
+		}
+		clear(s.order[len(kept):])
+		s.order = kept
 	}
 	if cap(s.order) > 1024 && len(s.order) < cap(s.order)/4 {
 		s.order = append([]waitingRef(nil), s.order...) // let a drained queue's array go

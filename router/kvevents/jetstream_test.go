@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -239,6 +240,51 @@ func TestStreamFeedWaitingBounded(t *testing.T) {
 	_, err = bare.AddWorker("a")
 	require.NoError(t, err)
 	require.Zero(t, bare.Stats.CaughtUp.Load())
+}
+
+// Workers that come and go with batches waiting for them each time leave no trace in the
+// waiting queue's order (it kept an entry a batch applied on arrival, for the life of the feed).
+func TestStreamFeedOrderBounded(t *testing.T) {
+	ro := router.DefaultOptions()
+	r, err := router.New(ro)
+	require.NoError(t, err)
+	f, err := NewFeed(r, DefaultOptions())
+	require.NoError(t, err)
+	sf := NewStreamFeed(f, nil, testFeedOptions())
+	seq := uint64(0)
+	for range 200 {
+		sf.mu.Lock()
+		for range 100 {
+			seq++
+			sf.wait("w", seq, make([]byte, 16))
+		}
+		sf.mu.Unlock()
+		_, err := sf.AddWorker("w")
+		require.NoError(t, err)
+		require.NoError(t, sf.RemoveWorker("w"))
+		sf.mu.Lock()
+		require.LessOrEqual(t, len(sf.order), 2*sf.waitingCount+1024)
+		sf.mu.Unlock()
+	}
+	n, bytes := sf.Waiting()
+	require.Zero(t, n)
+	require.Zero(t, bytes)
+	// Entries of batches still waiting all stay, in order: 2000 wait for "x".
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	for range 2000 {
+		seq++
+		sf.wait("x", seq, make([]byte, 16))
+	}
+	var x []uint64
+	for _, ref := range sf.order {
+		if ref.name == "x" {
+			x = append(x, ref.streamSeq)
+		}
+	}
+	require.Equal(t, 2000, len(x))
+	require.True(t, slices.IsSorted(x))
+	require.LessOrEqual(t, len(sf.order), 2*sf.waitingCount+1024)
 }
 
 // A worker that leaves and comes back (its lease lapsed, its engine did not restart) gets its
