@@ -100,12 +100,11 @@ func (cl *Client) call(ctx context.Context, n int64, recv Recv, send func(Header
 	}
 }
 
-// forget drops a call the caller no longer waits for; its answer, if one comes, is skipped.
+// forget drops a call the caller no longer waits for; its answer, if one comes, is skipped as
+// one to no request (an answer that never comes must not keep the entry).
 func (cl *Client) forget(id uint64) {
 	cl.mu.Lock()
-	if c, ok := cl.pending[id]; ok {
-		c.recv = nil
-	}
+	delete(cl.pending, id)
 	cl.mu.Unlock()
 }
 
@@ -125,7 +124,7 @@ func (cl *Client) read() {
 			recv = c.recv
 		}
 		cl.mu.Unlock()
-		if recv == nil { // no such request, or its caller left: skip the answer
+		if recv == nil { // no such request (or its caller left): skip the answer
 			continue // Next skips the payload
 		}
 		c.done <- recv(ctx, cl.c, &h)

@@ -286,6 +286,12 @@ func TestClientFailures(t *testing.T) {
 	if err := cl.Call(short, Header{Kind: KindEncode, Key: testKey, Text: "slow"}, []byte("x"), echo("slow")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("slow call: %v", err)
 	}
+	cl.mu.Lock()
+	left := len(cl.pending)
+	cl.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d abandoned calls still pending: an answer that never came would keep them", left)
+	}
 	close(release)
 	if err := cl.Call(ctx, Header{Kind: KindEncode, Key: testKey, Text: "next"}, []byte("x"), echo("next")); err != nil {
 		t.Fatalf("call after an abandoned one: %v", err)
