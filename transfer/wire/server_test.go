@@ -289,10 +289,10 @@ func TestClientFailures(t *testing.T) {
 	cl.mu.Lock()
 	left := len(cl.pending)
 	cl.mu.Unlock()
+	close(release)
 	if left != 0 {
 		t.Fatalf("%d abandoned calls still pending: an answer that never came would keep them", left)
 	}
-	close(release)
 	if err := cl.Call(ctx, Header{Kind: KindEncode, Key: testKey, Text: "next"}, []byte("x"), echo("next")); err != nil {
 		t.Fatalf("call after an abandoned one: %v", err)
 	}
