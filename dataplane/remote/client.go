@@ -20,6 +20,9 @@ type ClientOptions struct {
 	// IdleConns is how many idle connections are kept per encoder (each carries one item at a
 	// time; more items at once dial more, and those beyond it are closed when done). 4.
 	IdleConns int
+	// IdleTimeout closes a connection idle this long (30 s): encoders come and go with their
+	// addresses (a new pod, a new IP), and an address not used again must not keep sockets.
+	IdleTimeout time.Duration
 	// Wire is every connection's options; Wire.Compress compresses what this end sends (the
 	// encoders' inputs: f32, which the probe mostly sends raw). Off by default: see the
 	// transfer/wire README for where it pays.
@@ -30,10 +33,16 @@ type ClientOptions struct {
 type Client struct {
 	opts ClientOptions
 
-	mu     sync.Mutex
-	idle   map[string][]*wire.Conn // by transfer address
-	closed bool
-	nextID atomic.Uint64
+	mu        sync.Mutex
+	idle      map[string][]idleConn // by transfer address, most recently used last
+	lastSweep time.Time
+	closed    bool
+	nextID    atomic.Uint64
+}
+
+type idleConn struct {
+	conn  *wire.Conn
+	since time.Time
 }
 
 // NewClient makes a client with no connections yet.
@@ -44,7 +53,10 @@ func NewClient(o ClientOptions) *Client {
 	if o.IdleConns <= 0 {
 		o.IdleConns = 4
 	}
-	return &Client{opts: o, idle: map[string][]*wire.Conn{}}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 30 * time.Second
+	}
+	return &Client{opts: o, idle: map[string][]idleConn{}}
 }
 
 // ErrAddress: a transfer address the client cannot dial.
@@ -67,11 +79,19 @@ func (c *Client) get(ctx context.Context, addr string) (*wire.Conn, error) {
 		c.mu.Unlock()
 		return nil, errors.New("remote: client closed")
 	}
-	if l := c.idle[addr]; len(l) > 0 {
-		conn := l[len(l)-1]
-		c.idle[addr] = l[:len(l)-1]
-		c.mu.Unlock()
-		return conn, nil
+	for l := c.idle[addr]; len(l) > 0; l = c.idle[addr] {
+		ic := l[len(l)-1]
+		l[len(l)-1] = idleConn{}
+		if len(l) == 1 {
+			delete(c.idle, addr)
+		} else {
+			c.idle[addr] = l[:len(l)-1]
+		}
+		if time.Since(ic.since) < c.opts.IdleTimeout {
+			c.mu.Unlock()
+			return ic.conn, nil
+		}
+		ic.conn.Close() // the rest are older
 	}
 	c.mu.Unlock()
 	network, a, err := splitAddress(addr)
@@ -93,7 +113,32 @@ func (c *Client) put(addr string, conn *wire.Conn) {
 		conn.Close()
 		return
 	}
-	c.idle[addr] = append(c.idle[addr], conn)
+	now := time.Now()
+	c.idle[addr] = append(c.idle[addr], idleConn{conn, now})
+	if now.Sub(c.lastSweep) >= c.opts.IdleTimeout/2 {
+		c.sweep(now)
+	}
+}
+
+// sweep closes the connections idle for IdleTimeout and forgets addresses left with none
+// (mu held). It runs from put, at most twice an IdleTimeout: idle connections are left only
+// by traffic, so without traffic there is nothing new to sweep.
+func (c *Client) sweep(now time.Time) {
+	c.lastSweep = now
+	for a, l := range c.idle {
+		old := 0
+		for old < len(l) && now.Sub(l[old].since) >= c.opts.IdleTimeout {
+			l[old].conn.Close()
+			old++
+		}
+		switch {
+		case old == len(l):
+			delete(c.idle, a)
+		case old > 0:
+			c.idle[a] = append(l[:0], l[old:]...)
+			clear(l[len(l)-old:])
+		}
+	}
 }
 
 // Close closes the idle connections; calls in flight end with their own.
@@ -102,8 +147,8 @@ func (c *Client) Close() {
 	defer c.mu.Unlock()
 	c.closed = true
 	for a, l := range c.idle {
-		for _, conn := range l {
-			conn.Close()
+		for _, ic := range l {
+			ic.conn.Close()
 		}
 		delete(c.idle, a)
 	}

@@ -132,6 +132,50 @@ func TestClientServer(t *testing.T) {
 	require.ErrorContains(t, c.Encode(ctx, addr, it, nil, dst), "0 inputs")
 }
 
+// idleCount is how many idle connections the client keeps, and for how many addresses.
+func (c *Client) idleCount() (conns, addrs int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, l := range c.idle {
+		conns += len(l)
+	}
+	return conns, len(c.idle)
+}
+
+// Connections idle for IdleTimeout are closed: one taken for a call is replaced by a fresh
+// one, and those of an address not used again (an encoder gone, a pod's old IP) go at the next
+// call to any address, with the address.
+func TestClientIdleTimeout(t *testing.T) {
+	a, b := startServer(t, &fakeBackend{}), startServer(t, &fakeBackend{})
+	c := NewClient(ClientOptions{IdleTimeout: 100 * time.Millisecond})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	it := Item{Key: features.Key{Content: "k", Model: "m"}, Model: "m", Modality: "image", Tokens: 3, Hidden: 2, DType: wire.DTypeBF16}
+	in := []encoder.Input{{Data: []float32{7, 0, 0, 0}}}
+	dst := make([]byte, it.Bytes())
+	require.NoError(t, c.Encode(ctx, a, it, in, dst))
+	require.NoError(t, c.Encode(ctx, b, it, in, dst))
+	conns, addrs := c.idleCount()
+	require.Equal(t, 2, conns)
+	require.Equal(t, 2, addrs)
+	c.mu.Lock()
+	staleA, staleB := c.idle[a][0].conn, c.idle[b][0].conn
+	c.mu.Unlock()
+
+	time.Sleep(150 * time.Millisecond)
+	require.NoError(t, c.Encode(ctx, b, it, in, dst), "a fresh connection for the stale one")
+	conns, addrs = c.idleCount()
+	require.Equal(t, 1, conns)
+	require.Equal(t, 1, addrs, "a's address forgotten")
+	c.mu.Lock()
+	require.NotSame(t, staleB, c.idle[b][0].conn, "b's stale connection not reused")
+	c.mu.Unlock()
+	for _, stale := range []*wire.Conn{staleA, staleB} {
+		require.ErrorIs(t, stale.Close(), net.ErrClosed, "an idle connection past the timeout was closed")
+	}
+}
+
 // With Wire.Compress the server's features travel compressed (the answer's header says so)
 // and arrive intact through a Client, which needs no option to read them.
 func TestCompressedFeatures(t *testing.T) {
