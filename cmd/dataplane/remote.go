@@ -44,7 +44,7 @@ func offerEncoders(svc *dataplane.Service, reg prometheus.Registerer, listen, ht
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1" // a wildcard listener: announce loopback unless --advertise names a host
 	}
-	srv := remote.NewServer(svc.PeerBackend(), remote.ServerOptions{Wire: wire.Options{Compress: compress}})
+	srv := remote.NewServer(svc.PeerBackend(), remote.ServerOptions{Budget: svc.Memory(), Wire: wire.Options{Compress: compress}})
 	if err := reg.Register(srv.Collector()); err != nil {
 		ln.Close()
 		return "", nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"dataplane/dataplane/encoder"
+	"dataplane/dataplane/memory"
 	"dataplane/features"
 	"dataplane/router/fleet"
 	"dataplane/transfer/wire"
@@ -130,6 +131,32 @@ func TestClientServer(t *testing.T) {
 	require.ErrorIs(t, c.Encode(ctx, "http://x", it, in, dst), ErrAddress)
 	require.ErrorContains(t, c.Encode(ctx, addr, it, in, dst[:5]), "5 bytes for 3 features")
 	require.ErrorContains(t, c.Encode(ctx, addr, it, nil, dst), "0 inputs")
+}
+
+// With the daemon's memory budget, a peer's inputs are reserved on it: an item whose inputs
+// do not fit is refused (the requester encodes elsewhere), the connection stays in step, and
+// everything reserved is given back.
+func TestServerInputsOnTheBudget(t *testing.T) {
+	budget, err := memory.New(memory.Options{Capacity: 20, MaxWait: -1}) // one 16-byte input, not two
+	require.NoError(t, err)
+	b := &fakeBackend{}
+	addr := startServerWith(t, b, ServerOptions{Budget: budget})
+	c := NewClient(ClientOptions{})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	it := Item{Key: features.Key{Content: "k", Model: "m"}, Model: "m", Modality: "image", Tokens: 3, Hidden: 2, DType: wire.DTypeBF16}
+	dst := make([]byte, it.Bytes())
+	one, two := []encoder.Input{{Data: []float32{7, 0, 0, 0}}}, []encoder.Input{{Data: []float32{7, 0, 0, 0}}, {Data: []float32{1, 2, 3, 4}}}
+	require.NoError(t, c.Encode(ctx, addr, it, one, dst))
+	err = c.Encode(ctx, addr, it, two, dst)
+	require.ErrorIs(t, err, wire.ErrRemote)
+	require.ErrorContains(t, err, "a peer's encoder inputs")
+	require.NoError(t, c.Encode(ctx, addr, it, one, dst), "in step, and the budget given back")
+	require.Equal(t, int64(2), b.calls.Load())
+	require.Eventually(t, func() bool { return budget.Stats().Used == 0 }, 5*time.Second, time.Millisecond,
+		"given back once the server's handler ends (after its answer)")
+	require.Equal(t, int64(16), budget.Stats().Peak)
 }
 
 // idleCount is how many idle connections the client keeps, and for how many addresses.

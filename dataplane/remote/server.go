@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"dataplane/dataplane/encoder"
+	"dataplane/dataplane/memory"
 	"dataplane/transfer/wire"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,11 @@ type ServerOptions struct {
 	// MaxInputBytes bounds the inputs held at once over every connection (a 30-frame video at
 	// 336 × 336 is 40 MiB); a frame that would pass it waits. 512 MiB.
 	MaxInputBytes int64
+	// Budget, when given, is the daemon's request memory budget: the inputs are reserved on it
+	// too, as a request's own are, so peers' items share the process's plan instead of adding
+	// up to MaxInputBytes beside it. A refusal is answered as the window's is (the requester
+	// encodes elsewhere).
+	Budget *memory.Budget
 	// MaxWait bounds an item's encode when its requester gives no time left. 60 s.
 	MaxWait  time.Duration
 	MaxConns int // wire.Server's
@@ -99,10 +105,12 @@ func (s *Server) handle(ctx context.Context, c *wire.Conn, h *wire.Header) error
 
 	inputs := make([]encoder.Input, 0, m.Inputs)
 	var held int64
+	acct := s.opts.Budget.Account() // nil without a budget: reservations are no-ops
 	defer func() {
 		if held > 0 {
 			s.inputs.Release(held)
 		}
+		acct.Close()
 	}()
 	for i := 0; ; i++ {
 		if i > 0 {
@@ -128,6 +136,7 @@ func (s *Server) handle(ctx context.Context, c *wire.Conn, h *wire.Header) error
 		if err == nil {
 			if err = s.inputs.Acquire(ictx, h.Len); err == nil {
 				held += h.Len
+				err = acct.Reserve(ictx, h.Len, "a peer's encoder inputs")
 			}
 		}
 		if err != nil {
