@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Handler handles one received frame on c. It reads or maps the payload (ReadPayload,
@@ -21,6 +22,10 @@ type Server struct {
 	Handler  Handler
 	Options  Options
 	MaxConns int // connections served at once (default 64); further ones wait in the backlog
+	// IdleTimeout closes a connection that sends no frame for this long (default 2 min): a
+	// connection holds one of MaxConns while it waits, and a peer's client closes its own idle
+	// ones sooner (remote.ClientOptions.IdleTimeout, 30 s).
+	IdleTimeout time.Duration
 
 	mu     sync.Mutex
 	ln     []net.Listener
@@ -32,8 +37,11 @@ type Server struct {
 	closed bool
 }
 
-// DefaultMaxConns is MaxConns' default.
-const DefaultMaxConns = 64
+// DefaultMaxConns and DefaultIdleTimeout are MaxConns' and IdleTimeout's defaults.
+const (
+	DefaultMaxConns    = 64
+	DefaultIdleTimeout = 2 * time.Minute
+)
 
 func (s *Server) init() {
 	if s.ctx == nil {
@@ -103,10 +111,18 @@ func (s *Server) serve(c *Conn) {
 		<-s.slots
 		s.wg.Done()
 	}()
+	idle := s.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
 	for {
-		h, err := c.Next(s.ctx)
+		wait, cancel := context.WithTimeout(s.ctx, idle)
+		h, err := c.Next(wait)
+		end, _ := wait.Deadline()
+		idled := !time.Now().Before(end) // the socket's deadline can fire before the context's timer
+		cancel()
 		if err != nil {
-			if !errors.Is(err, io.EOF) && s.ctx.Err() == nil && !errors.Is(err, ErrChecksum) {
+			if !idled && !errors.Is(err, io.EOF) && s.ctx.Err() == nil && !errors.Is(err, ErrChecksum) {
 				// The peer sent something we cannot parse: say so before hanging up, best effort.
 				_ = c.SendError(s.ctx, h.RequestID, h.Key, err.Error())
 			}

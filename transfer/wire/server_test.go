@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -333,4 +334,36 @@ func TestWindow(t *testing.T) {
 		t.Fatalf("in flight %d, %d", f, b)
 	}
 	w.Release(500)
+}
+
+// A connection that sends no frame for IdleTimeout is closed, quietly (no error frame), and
+// its slot goes to a connection waiting in the backlog.
+func TestServerIdleTimeout(t *testing.T) {
+	srv := &Server{MaxConns: 1, IdleTimeout: 100 * time.Millisecond, Handler: func(ctx context.Context, c *Conn, h *Header) error {
+		return c.Send(ctx, Header{Kind: KindFeatures, RequestID: h.RequestID, Key: h.Key}, []byte("ok"))
+	}}
+	idle := serve(t, "tcp", srv) // holds the only slot, and says nothing
+	start := time.Now()
+	idle.Net().SetReadDeadline(start.Add(5 * time.Second)) //nolint:errcheck // a failure must not hang
+	n, err := idle.Net().Read(make([]byte, 1))
+	if n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("idle connection: read %d bytes, %v; want a quiet close", n, err)
+	}
+	if took := time.Since(start); took < 100*time.Millisecond || took > 5*time.Second {
+		t.Fatalf("idle connection closed after %v, want about 100ms", took)
+	}
+	nc, err := net.Dial("tcp", idle.Net().RemoteAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := NewClient(NewConn(nc, srv.Options), NewWindow(1, 1<<20))
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = cl.Call(ctx, Header{Kind: KindEncode, Key: testKey}, []byte("x"), func(ctx context.Context, c *Conn, h *Header) error {
+		return c.Discard(ctx)
+	})
+	if err != nil {
+		t.Fatalf("a connection after the idle one left: %v", err)
+	}
 }
