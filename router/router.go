@@ -22,7 +22,11 @@ type Options struct {
 	Capacity      int64         // default per-worker cap on index blocks per tier (0: none); 0
 	RequestTTL    time.Duration // in-flight requests older than this are dropped; 5m (Dynamo's)
 	MaxRequests   int           // most requests tracked in flight; 1<<20
-	Seed          uint64        // for temperature draws; 0: random
+	// MaxTrackedBlocks bounds the prompt blocks of the requests tracked in flight, about 50
+	// bytes each (their hashes, keys and the active index's entries): requests are as long as
+	// their clients make them. The oldest go first, as with MaxRequests. 1<<21.
+	MaxTrackedBlocks int
+	Seed             uint64 // for temperature draws; 0: random
 	// PrefillSecondsPerToken is how long a worker takes to prefill one prompt token: it turns
 	// times (an encode ETA, a transfer) into blocks of prefill, the unit of the cost (BlocksIn).
 	// 15e-6, Dynamo's mocker model (0.24 ms a 16-token block).
@@ -39,7 +43,7 @@ type Options struct {
 // DefaultOptions are the defaults above.
 func DefaultOptions() Options {
 	return Options{BlockSize: 16, OverlapWeight: 1, Index: index.DefaultOptions(),
-		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, PrefillSecondsPerToken: 15e-6, LoadReportTTL: 3 * time.Second,
+		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, MaxTrackedBlocks: 1 << 21, PrefillSecondsPerToken: 15e-6, LoadReportTTL: 3 * time.Second,
 		Disagg: DefaultDisaggOptions()}
 }
 
@@ -102,6 +106,9 @@ func New(opts Options) (*Router, error) {
 	slots, err := NewSlots(opts.Index.MaxWorkers, opts.BlockSize, opts.RequestTTL, opts.MaxRequests)
 	if err != nil {
 		return nil, err
+	}
+	if opts.MaxTrackedBlocks > 0 {
+		slots.maxBlocks = opts.MaxTrackedBlocks
 	}
 	seed := opts.Seed
 	if seed == 0 {

@@ -322,6 +322,34 @@ func TestSlotsReusedIDs(t *testing.T) {
 	require.True(t, s.Finish("c"))
 }
 
+// The tracked requests' blocks are bounded: a start that would pass MaxTrackedBlocks finishes
+// the oldest first, and one longer than the bound alone is refused.
+func TestSlotsBlocksBounded(t *testing.T) {
+	s, err := NewSlots(64, 16, time.Minute, 1<<20)
+	require.NoError(t, err)
+	s.maxBlocks = 10
+	t0 := time.Now()
+	blocks := func(first, n int) []uint64 {
+		h := make([]uint64, n)
+		for i := range h {
+			h[i] = uint64(first + i)
+		}
+		return h
+	}
+	require.NoError(t, s.Start("a", 1, blocks(100, 4), 64, 64, t0))
+	require.NoError(t, s.Start("b", 1, blocks(200, 4), 64, 64, t0))
+	require.NoError(t, s.Start("c", 2, blocks(300, 4), 64, 64, t0))
+	require.False(t, s.Finish("a"), "a, the oldest, made room for c")
+	require.Equal(t, 8, s.held)
+	require.ErrorContains(t, s.Start("d", 1, blocks(400, 11), 176, 176, t0), "11 blocks, more than the 10 tracked in all")
+	require.Equal(t, 2, s.InFlight())
+	require.True(t, s.Finish("b"))
+	s.ForgetWorker(2)
+	require.Zero(t, s.held)
+	blocksNow, _, _ := s.Load(1)
+	require.Zero(t, blocksNow)
+}
+
 // Slots against a plain model under random starts and finishes on a few workers, with prompts
 // that share prefixes: each worker's distinct active blocks and its leading active overlap with
 // a prompt agree with the model throughout (through the ref-count table's growth and shrinking),

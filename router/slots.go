@@ -21,6 +21,7 @@ type Slots struct {
 	blockSize int
 	ttl       time.Duration
 	max       int
+	maxBlocks int // of all tracked requests' full blocks (Options.MaxTrackedBlocks)
 
 	active *index.Index // bit set: the worker has at least one request in flight using the block
 	loads  []workerLoad
@@ -28,6 +29,7 @@ type Slots struct {
 	mu    sync.Mutex
 	refs  *index.Counts // requests in flight per (block, worker)
 	reqs  map[string]*slotRequest
+	held  int       // full blocks of the tracked requests
 	order []started // in start order, for expiry (may hold finished starts; compactOrder bounds them)
 	seq   uint64    // starts so far
 	buf   []uint64
@@ -80,6 +82,17 @@ func (e *ErrDuplicateRequest) Error() string {
 	return fmt.Sprintf("request %q is already tracked", e.ID)
 }
 
+// ErrTooLong reports a Start for a request with more blocks than are tracked in all
+// (Options.MaxTrackedBlocks).
+type ErrTooLong struct {
+	ID          string
+	Blocks, Max int
+}
+
+func (e *ErrTooLong) Error() string {
+	return fmt.Sprintf("request %q: %d blocks, more than the %d tracked in all", e.ID, e.Blocks, e.Max)
+}
+
 // NewSlots tracks up to maxRequests requests in flight for workers of an index with maxWorkers
 // slots; requests older than ttl are dropped by Expire.
 func NewSlots(maxWorkers, blockSize int, ttl time.Duration, maxRequests int) (*Slots, error) {
@@ -87,7 +100,7 @@ func NewSlots(maxWorkers, blockSize int, ttl time.Duration, maxRequests int) (*S
 	if err != nil {
 		return nil, err
 	}
-	return &Slots{blockSize: blockSize, ttl: ttl, max: max(maxRequests, 1), active: ix,
+	return &Slots{blockSize: blockSize, ttl: ttl, max: max(maxRequests, 1), maxBlocks: DefaultOptions().MaxTrackedBlocks, active: ix,
 		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: index.NewCounts(), reqs: map[string]*slotRequest{}}, nil
 }
 
@@ -143,7 +156,10 @@ func (s *Slots) Start(id string, w index.Worker, hashes []uint64, promptTokens i
 	if _, ok := s.reqs[id]; ok {
 		return &ErrDuplicateRequest{ID: id}
 	}
-	for len(s.reqs) >= s.max && len(s.order) > 0 {
+	if len(hashes) > s.maxBlocks {
+		return &ErrTooLong{ID: id, Blocks: len(hashes), Max: s.maxBlocks}
+	}
+	for (len(s.reqs) >= s.max || s.held+len(hashes) > s.maxBlocks) && len(s.order) > 0 {
 		if s.live(s.order[0]) {
 			s.finishLocked(s.order[0].id)
 		}
@@ -156,6 +172,7 @@ func (s *Slots) Start(id string, w index.Worker, hashes []uint64, promptTokens i
 	s.seq++
 	req.seq = s.seq
 	s.reqs[id] = req
+	s.held += len(req.seqs)
 	s.order = append(s.order, started{id, req.seq})
 	if len(s.order) > 2*len(s.reqs)+1024 {
 		s.compactOrder()
@@ -196,6 +213,7 @@ func (s *Slots) finishLocked(id string) bool {
 		return false
 	}
 	delete(s.reqs, id)
+	s.held -= len(req.seqs)
 	gone := s.refs.Decr(req.seqs, req.keys, req.worker, s.buf[:0])
 	s.active.Remove(req.worker, 0, gone)
 	s.buf = gone

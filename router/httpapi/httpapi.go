@@ -309,7 +309,11 @@ func (h *Handler) route(ctx *fasthttp.RequestCtx) {
 	}
 	if req.RequestID != "" {
 		if err := h.r.Start(req.RequestID, d, d.Worker, h.now()); err != nil {
-			writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", err.Error())
+			code := fasthttp.StatusConflict
+			if _, long := errors.AsType[*router.ErrTooLong](err); long {
+				code = fasthttp.StatusRequestEntityTooLarge
+			}
+			writeError(ctx, code, "invalid_request_error", err.Error())
 			return
 		}
 	}

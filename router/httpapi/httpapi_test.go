@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -264,4 +265,33 @@ func TestHTTPAPIDisaggregated(t *testing.T) {
 		code, out = post("/v1/route", "{\"token_ids\": [1], \"request_id\": \"x\\u0000y\"}")
 		require.Equal(t, 400, code, out)
 	}
+}
+
+// A request with more prompt blocks than the router tracks in all is routed but not tracked:
+// 413, naming the bound.
+func TestRouteTooLongToTrack(t *testing.T) {
+	o := router.DefaultOptions()
+	o.MaxTrackedBlocks = 4
+	r, err := router.New(o)
+	require.NoError(t, err)
+	_, err = r.AddWorker("w1")
+	require.NoError(t, err)
+	h := NewHandler(r, prometheus.NewRegistry())
+	route := func(tokens int) (int, string) {
+		ids := make([]string, tokens)
+		for i := range ids {
+			ids[i] = strconv.Itoa(i + 1)
+		}
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI("/v1/route")
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetBodyString(`{"request_id":"r` + strconv.Itoa(tokens) + `","token_ids":[` + strings.Join(ids, ",") + `]}`)
+		h.Handle(&ctx)
+		return ctx.Response.StatusCode(), string(ctx.Response.Body())
+	}
+	code, body := route(64) // 4 blocks of 16
+	require.Equal(t, 200, code, body)
+	code, body = route(80)
+	require.Equal(t, 413, code, body)
+	require.Contains(t, body, "5 blocks, more than the 4 tracked in all")
 }
