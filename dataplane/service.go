@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,8 +51,9 @@ type ServiceOptions struct {
 	DefaultMaxTokens int
 	// CachePolicy applies when a request gives none (features.ParsePolicy).
 	CachePolicy string
-	// MaxUUIDs bounds the table of client uuids.
-	MaxUUIDs int
+	// MaxUUIDs and MaxUUIDBytes bound the table of client uuids: entries, and their bytes
+	// (uuids, salts and keys are clients' strings of up to 1 KiB).
+	MaxUUIDs, MaxUUIDBytes int
 	// Transfer estimates the cost of sending features to a remote worker (bytes a second).
 	TransferBytesPerSecond float64
 	// MemoryBytes is the process's memory budget (--memory-bytes); 0: no accounting. What is
@@ -104,6 +106,7 @@ func DefaultServiceOptions() ServiceOptions {
 		MaxPromptTokens:        32768,
 		DefaultMaxTokens:       256,
 		MaxUUIDs:               1 << 16,
+		MaxUUIDBytes:           32 << 20,
 		TransferBytesPerSecond: 10e9,
 		HealthInterval:         time.Second,
 		HealthTimeout:          time.Second,
@@ -168,7 +171,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		opts.HealthFailures = def.HealthFailures
 	}
 	s := &Service{opts: opts, log: opts.Log, workers: map[string]*workerEntry{}, health: newHealthMetrics(),
-		uuids:  newUUIDTable(max(opts.MaxUUIDs, 1)),
+		uuids:  newUUIDTable(max(opts.MaxUUIDs, 1), cmp.Or(opts.MaxUUIDBytes, 32<<20)),
 		routes: router.NewDecisionLog(router.RecentDecisions), prep: newCPUSlots(runtime.GOMAXPROCS(0)),
 		fetchSem: make(chan struct{}, max(opts.MaxFetches, 1))}
 	var err error

@@ -6,14 +6,16 @@ import (
 )
 
 // uuidTable remembers, per tenant salt, which features a client's uuid named, so a later
-// request may send the uuid without the media (as vLLM allows). It is bounded: the least
+// request may send the uuid without the media (as vLLM allows). It is bounded in entries and
+// in bytes (uuids, salts and keys are the clients' strings, up to 1 KiB each): the least
 // recently used uuid goes first. Whether the features are still cached is the feature store's
 // business; the table only maps names to keys.
 type uuidTable struct {
-	mu    sync.Mutex
-	max   int
-	order *list.List // of uuidKey, most recent at the front
-	items map[uuidKey]*list.Element
+	mu              sync.Mutex
+	max             int
+	maxBytes, bytes int
+	order           *list.List // of uuidKey, most recent at the front
+	items           map[uuidKey]*list.Element
 }
 
 type uuidKey struct{ salt, uuid string }
@@ -23,8 +25,17 @@ type uuidEntry struct {
 	v knownItem
 }
 
-func newUUIDTable(max int) *uuidTable {
-	return &uuidTable{max: max, order: list.New(), items: map[uuidKey]*list.Element{}}
+func newUUIDTable(max, maxBytes int) *uuidTable {
+	return &uuidTable{max: max, maxBytes: maxBytes, order: list.New(), items: map[uuidKey]*list.Element{}}
+}
+
+// uuidEntryOverhead is an entry's bytes besides its strings: the list element, the map slot,
+// the entry and its string headers.
+const uuidEntryOverhead = 256
+
+func (e *uuidEntry) size() int {
+	k := e.v.key
+	return uuidEntryOverhead + len(e.k.salt) + len(e.k.uuid) + len(k.Salt) + len(k.Content) + len(k.Model) + len(k.Preprocess)
 }
 
 func (t *uuidTable) put(salt, uuid string, v knownItem) {
@@ -32,14 +43,21 @@ func (t *uuidTable) put(salt, uuid string, v knownItem) {
 	defer t.mu.Unlock()
 	k := uuidKey{salt, uuid}
 	if e, ok := t.items[k]; ok {
-		e.Value.(*uuidEntry).v = v
+		ue := e.Value.(*uuidEntry)
+		t.bytes -= ue.size()
+		ue.v = v
+		t.bytes += ue.size()
 		t.order.MoveToFront(e)
-		return
+	} else {
+		ue := &uuidEntry{k, v}
+		t.items[k] = t.order.PushFront(ue)
+		t.bytes += ue.size()
 	}
-	t.items[k] = t.order.PushFront(&uuidEntry{k, v})
-	for t.order.Len() > t.max {
+	for t.order.Len() > 1 && (t.order.Len() > t.max || t.bytes > t.maxBytes) {
 		last := t.order.Back()
-		delete(t.items, last.Value.(*uuidEntry).k)
+		ue := last.Value.(*uuidEntry)
+		delete(t.items, ue.k)
+		t.bytes -= ue.size()
 		t.order.Remove(last)
 	}
 }
