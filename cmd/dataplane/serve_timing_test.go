@@ -27,77 +27,26 @@ import (
 // over the daemon's), steadier than the throughputs on a shared machine. Goals: >= 20k req/s, x-hello >= 0.8 and <= 1 ms added p99 on 2
 // cores (client and server share them here).
 func BenchmarkTextOnlyPath(b *testing.B) {
-	base, _ := startServe(b, "--mock-speedup", "1e6")
-	body := []byte(`{"prompt":"The quick brown fox jumps over the lazy dog.","max_tokens":1}`)
-	code, answer := postJSON(b, base+"/v1/completions", body)
-	if code != 200 {
-		b.Fatalf("%d %v", code, answer)
-	}
-	raw, _ := json.Marshal(answer)
-	same := []byte(`{"ok":"` + strings.Repeat("x", max(len(raw)-10, 0)) + `"}`)
-	hello := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		if len(ctx.PostBody()) == 0 {
-			ctx.Error("no body", 400)
-			return
-		}
-		ctx.SetContentType("application/json")
-		ctx.SetBody(same)
-	}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go hello.Serve(ln)     //nolint:errcheck
-	defer hello.Shutdown() //nolint:errcheck
-
-	const perRound = 4000
-	client := &fasthttp.Client{MaxConnsPerHost: 32}
-	round := func(url string, clients int) (time.Duration, []time.Duration) {
-		lat := make([]time.Duration, perRound)
-		var wg sync.WaitGroup
-		start := time.Now()
-		for c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-				defer fasthttp.ReleaseRequest(req)
-				defer fasthttp.ReleaseResponse(resp)
-				for i := c; i < perRound; i += clients {
-					req.SetRequestURI(url)
-					req.Header.SetMethod("POST")
-					req.SetBody(body)
-					t0 := time.Now()
-					if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-						panic(fmt.Sprintf("%s: %v %d %s", url, err, resp.StatusCode(), resp.Body()))
-					}
-					lat[i] = time.Since(t0)
-				}
-			}()
-		}
-		wg.Wait()
-		return time.Since(start), lat
-	}
+	daemon, hi := textServers(b)
 	var daemonTime, helloTime, daemonCPU, helloCPU time.Duration
 	var daemonLat, helloLat []time.Duration
-	daemon, hi := base+"/v1/completions", "http://"+ln.Addr().String()+"/"
 	for b.Loop() {
 		c0 := processCPU()
-		t, _ := round(daemon, 32)
+		t, _ := textRound(daemon, 32)
 		c1 := processCPU()
 		daemonTime, daemonCPU = daemonTime+t, daemonCPU+c1-c0
-		t, _ = round(hi, 32)
+		t, _ = textRound(hi, 32)
 		helloTime, helloCPU = helloTime+t, helloCPU+processCPU()-c1
-		_, l := round(daemon, 1)
+		_, l := textRound(daemon, 1)
 		daemonLat = append(daemonLat, l...)
-		_, l = round(hi, 1)
+		_, l = textRound(hi, 1)
 		helloLat = append(helloLat, l...)
 	}
 	p := func(l []time.Duration, q float64) time.Duration {
 		slices.Sort(l)
 		return l[int(q*float64(len(l)-1))]
 	}
-	n := float64(b.N * perRound)
+	n := float64(b.N * textPerRound)
 	b.ReportMetric(n/daemonTime.Seconds(), "req/s")
 	b.ReportMetric(n/helloTime.Seconds(), "hello-req/s")
 	b.ReportMetric(helloTime.Seconds()/daemonTime.Seconds(), "x-hello")
@@ -109,4 +58,83 @@ func BenchmarkTextOnlyPath(b *testing.B) {
 	b.ReportMetric(float64(p(daemonLat, 0.5).Microseconds()), "p50-us")
 	b.ReportMetric(float64(p(daemonLat, 0.99).Microseconds()), "p99-us")
 	b.ReportMetric(float64((p(daemonLat, 0.99) - p(helloLat, 0.99)).Microseconds()), "added-p99-us")
+}
+
+// BenchmarkTextOnlyPathAlone: BenchmarkTextOnlyPath's 32-client rounds against one server at a
+// time, for profiles of one side (the README's decomposition of the text path):
+// perf record -g -- ./dataplane.test -test.bench 'TextOnlyPathAlone/daemon' -test.benchtime 25x
+func BenchmarkTextOnlyPathAlone(b *testing.B) {
+	daemon, hi := textServers(b)
+	for _, c := range []struct{ name, url string }{{"daemon", daemon}, {"hello", hi}} {
+		b.Run(c.name, func(b *testing.B) {
+			var cpu time.Duration
+			for b.Loop() {
+				c0 := processCPU()
+				textRound(c.url, 32)
+				cpu += processCPU() - c0
+			}
+			b.ReportMetric(cpu.Seconds()*1e6/float64(b.N*textPerRound), "cpu-us/req")
+		})
+	}
+}
+
+// textPerRound is how many requests a round of the text-only benchmarks sends.
+const textPerRound = 4000
+
+var textBody = []byte(`{"prompt":"The quick brown fox jumps over the lazy dog.","max_tokens":1}`)
+
+// textServers starts serve as `make run` builds it (the mock engines' clock a million times
+// fast) and a fasthttp hello-world answering as many bytes; it returns their URLs.
+func textServers(b *testing.B) (daemon, hello string) {
+	base, _ := startServe(b, "--mock-speedup", "1e6")
+	code, answer := postJSON(b, base+"/v1/completions", textBody)
+	if code != 200 {
+		b.Fatalf("%d %v", code, answer)
+	}
+	raw, _ := json.Marshal(answer)
+	same := []byte(`{"ok":"` + strings.Repeat("x", max(len(raw)-10, 0)) + `"}`)
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if len(ctx.PostBody()) == 0 {
+			ctx.Error("no body", 400)
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(same)
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go srv.Serve(ln)                     //nolint:errcheck
+	b.Cleanup(func() { srv.Shutdown() }) //nolint:errcheck
+	return base + "/v1/completions", "http://" + ln.Addr().String() + "/"
+}
+
+var textClient = &fasthttp.Client{MaxConnsPerHost: 32}
+
+// textRound sends textPerRound requests to url from clients goroutines; it returns the time
+// they took and each request's latency.
+func textRound(url string, clients int) (time.Duration, []time.Duration) {
+	lat := make([]time.Duration, textPerRound)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := range clients {
+		wg.Go(func() {
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseRequest(req)
+			defer fasthttp.ReleaseResponse(resp)
+			for i := c; i < textPerRound; i += clients {
+				req.SetRequestURI(url)
+				req.Header.SetMethod("POST")
+				req.SetBody(textBody)
+				t0 := time.Now()
+				if err := textClient.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+					panic(fmt.Sprintf("%s: %v %d %s", url, err, resp.StatusCode(), resp.Body()))
+				}
+				lat[i] = time.Since(t0)
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), lat
 }
