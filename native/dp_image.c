@@ -121,6 +121,58 @@ DP_AVX2 static void normalize_avx2(const uint8_t *src, size_t plane, const float
 			for (int c = 0; c < 3; c++) conv((uint16_t *)dst + (size_t)c * plane + base, tmp[c], (int64_t)n);
 	}
 }
+
+/* AVX-512 (with VBMI's byte permutes): 16 pixels a step, 48 bytes in one masked load (never past
+ * the image), one permute per channel gathering its 16 bytes; then the same IEEE operations as
+ * the table, so the same bits. */
+#define DP_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
+
+DP_AVX512VBMI static void normalize_avx512(const uint8_t *src, size_t plane, const float mean[3], const float std[3],
+                                           float divisor, void *dst, int32_t dtype) {
+	enum { RUN = 256 };
+	const size_t es = dp_dtype_size(dtype);
+	dp_convert_fn conv = es == 2 ? dp_converter(dtype, DP_F32, DP_ISA_AVX512) : NULL;
+	__m512i gather[3];
+	for (int c = 0; c < 3; c++) {
+		uint8_t idx[64] = {0};
+		for (int j = 0; j < 16; j++) idx[j] = (uint8_t)(3 * j + c);
+		gather[c] = _mm512_loadu_si512(idx);
+	}
+	const __m512 vdiv = _mm512_set1_ps(divisor);
+	const __mmask64 bytes48 = (1ull << 48) - 1;
+	float tmp[3][RUN] __attribute__((aligned(64)));
+	for (size_t base = 0; base < plane; base += RUN) {
+		size_t n = plane - base < RUN ? plane - base : RUN, j = 0;
+		const uint8_t *p = src + 3 * base;
+		for (; j + 16 <= n; j += 16) {
+			__m512i px = _mm512_maskz_loadu_epi8(bytes48, p + 3 * j);
+			for (int c = 0; c < 3; c++) {
+				__m128i b = _mm512_castsi512_si128(_mm512_permutexvar_epi8(gather[c], px));
+				__m512 x = _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), vdiv);
+				x = _mm512_div_ps(_mm512_sub_ps(x, _mm512_set1_ps(mean[c])), _mm512_set1_ps(std[c]));
+				float *d = es == 4 ? (float *)dst + (size_t)c * plane + base + j : tmp[c] + j;
+				_mm512_storeu_ps(d, x);
+			}
+		}
+		for (; j < n; j++)
+			for (int c = 0; c < 3; c++) {
+				float x = (float)p[3 * j + c] / divisor;
+				x = (x - mean[c]) / std[c];
+				if (es == 4)
+					((float *)dst)[(size_t)c * plane + base + j] = x;
+				else
+					tmp[c][j] = x;
+			}
+		if (conv)
+			for (int c = 0; c < 3; c++) conv((uint16_t *)dst + (size_t)c * plane + base, tmp[c], (int64_t)n);
+	}
+}
+
+static int avx512vbmi_usable(void) {
+	static int usable = -1;
+	if (usable < 0) usable = __builtin_cpu_supports("avx512vbmi") != 0;
+	return usable;
+}
 #endif
 
 dp_status dp_image_normalize(const uint8_t *src, int32_t w, int32_t h, const float mean[3], const float std[3],
@@ -139,6 +191,10 @@ dp_status dp_image_normalize(const uint8_t *src, int32_t w, int32_t h, const flo
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "normalize: kernel variant %d not supported here", isa);
 	const size_t plane = (size_t)w * (size_t)h;
 #if DP_X86
+	if (v >= DP_ISA_AVX512 && avx512vbmi_usable()) {
+		normalize_avx512(src, plane, mean, std, divisor, dst, dtype);
+		return DP_OK;
+	}
 	if (v >= DP_ISA_AVX2) {
 		normalize_avx2(src, plane, mean, std, divisor, dst, dtype);
 		return DP_OK;

@@ -12,11 +12,11 @@ import (
 )
 
 // Normalisation against Go's float32 arithmetic (the same IEEE operations torchvision does),
-// every dtype and variant, sizes around the kernels' steps of 8 and 256 pixels.
+// every dtype and variant, sizes around the kernels' steps of 8, 16 and 256 pixels.
 func TestNormalizeAgainstGo(t *testing.T) {
 	r := newRand(t)
 	mean, std := [3]float32{0.48145466, 0.4578275, 0.40821073}, [3]float32{0.26862954, 0.26130258, 0.27577711}
-	for _, size := range [][2]int{{1, 1}, {7, 1}, {8, 1}, {9, 3}, {16, 16}, {257, 3}, {336, 336}} {
+	for _, size := range [][2]int{{1, 1}, {7, 1}, {8, 1}, {9, 3}, {15, 1}, {17, 1}, {33, 1}, {16, 16}, {257, 3}, {336, 336}} {
 		w, h := size[0], size[1]
 		src := randomBytes(r, 3*w*h)
 		want := make([]float32, 3*w*h)
