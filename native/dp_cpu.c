@@ -6,7 +6,7 @@
 #if DP_X86
 #include <cpuid.h>
 
-static int avx2_usable, avx512_usable;
+static int avx2_usable, avx512_usable, avx512vbmi_usable;
 
 static uint32_t xcr0(void) {
 	uint32_t eax, edx;
@@ -26,9 +26,10 @@ static void detect(void) {
 	avx2_usable = (b >> 5) & 1;
 	int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
 	avx512_usable = avx2_usable && f && dq && bw && vl && (xcr0() & 0xE6u) == 0xE6u;
+	avx512vbmi_usable = avx512_usable && ((c >> 1) & 1);
 }
 #else
-static const int avx2_usable = 0, avx512_usable = 0;
+static const int avx2_usable = 0, avx512_usable = 0, avx512vbmi_usable = 0;
 static void detect(void) {}
 #endif
 
@@ -42,6 +43,11 @@ int dp_isa_supported(int32_t isa) {
 	case DP_ISA_AVX512: return avx512_usable;
 	default: return 0;
 	}
+}
+
+int dp_avx512vbmi_usable(void) {
+	pthread_once(&detect_once, detect);
+	return avx512vbmi_usable;
 }
 
 int32_t dp_isa_best(void) {

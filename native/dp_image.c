@@ -71,6 +71,25 @@ static void normalize_generic(const uint8_t *src, size_t plane, const float mean
 }
 
 #if DP_X86
+/* The vector normalisations work in runs of NORM_RUN pixels, written to the f32 planes or, for
+ * 16-bit outputs, to tmp and converted at the run's end. */
+enum { NORM_RUN = 256 };
+
+/* normalize_run points out[c] at where run base's channel c goes. */
+static inline void normalize_run(void *dst, size_t es, size_t plane, size_t base, float tmp[3][NORM_RUN], float *out[3]) {
+	for (int c = 0; c < 3; c++) out[c] = es == 4 ? (float *)dst + (size_t)c * plane + base : tmp[c];
+}
+
+/* normalize_pixels does pixels [j, n) of a run at p one at a time: the vector loops' tails. */
+static inline void normalize_pixels(const uint8_t *p, size_t j, size_t n, const float mean[3], const float std[3],
+                                    float divisor, float *out[3]) {
+	for (; j < n; j++)
+		for (int c = 0; c < 3; c++) {
+			float x = (float)p[3 * j + c] / divisor;
+			out[c][j] = (x - mean[c]) / std[c];
+		}
+}
+
 #define DP_AVX2 __attribute__((target("avx2,fma")))
 
 /* AVX2: 8 pixels a step, the same IEEE operations (divide, subtract, divide) as the table, so the
@@ -78,7 +97,6 @@ static void normalize_generic(const uint8_t *src, size_t plane, const float mean
  * gathers its 8 bytes. 16-bit outputs go through the AVX2 converters in runs of 256. */
 DP_AVX2 static void normalize_avx2(const uint8_t *src, size_t plane, const float mean[3], const float std[3],
                                    float divisor, void *dst, int32_t dtype) {
-	enum { RUN = 256 };
 	const size_t es = dp_dtype_size(dtype);
 	dp_convert_fn conv = es == 2 ? dp_converter(dtype, DP_F32, DP_ISA_AVX2) : NULL;
 	__m128i mlo[3], mhi[3];
@@ -94,29 +112,22 @@ DP_AVX2 static void normalize_avx2(const uint8_t *src, size_t plane, const float
 		mhi[c] = _mm_loadu_si128((const __m128i *)hi);
 	}
 	const __m256 vdiv = _mm256_set1_ps(divisor);
-	float tmp[3][RUN] __attribute__((aligned(32)));
-	for (size_t base = 0; base < plane; base += RUN) {
-		size_t n = plane - base < RUN ? plane - base : RUN, j = 0;
+	float tmp[3][NORM_RUN] __attribute__((aligned(32)));
+	for (size_t base = 0; base < plane; base += NORM_RUN) {
+		size_t n = plane - base < NORM_RUN ? plane - base : NORM_RUN, j = 0;
 		const uint8_t *p = src + 3 * base;
+		float *out[3];
+		normalize_run(dst, es, plane, base, tmp, out);
 		for (; j + 8 <= n; j += 8) {
 			__m128i a = _mm_loadu_si128((const __m128i *)(p + 3 * j)), b = _mm_loadu_si128((const __m128i *)(p + 3 * j + 8));
 			for (int c = 0; c < 3; c++) {
 				__m128i bytes = _mm_or_si128(_mm_shuffle_epi8(a, mlo[c]), _mm_shuffle_epi8(b, mhi[c]));
 				__m256 x = _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), vdiv);
 				x = _mm256_div_ps(_mm256_sub_ps(x, _mm256_set1_ps(mean[c])), _mm256_set1_ps(std[c]));
-				float *d = es == 4 ? (float *)dst + (size_t)c * plane + base + j : tmp[c] + j;
-				_mm256_storeu_ps(d, x);
+				_mm256_storeu_ps(out[c] + j, x);
 			}
 		}
-		for (; j < n; j++)
-			for (int c = 0; c < 3; c++) {
-				float x = (float)p[3 * j + c] / divisor;
-				x = (x - mean[c]) / std[c];
-				if (es == 4)
-					((float *)dst)[(size_t)c * plane + base + j] = x;
-				else
-					tmp[c][j] = x;
-			}
+		normalize_pixels(p, j, n, mean, std, divisor, out);
 		if (conv)
 			for (int c = 0; c < 3; c++) conv((uint16_t *)dst + (size_t)c * plane + base, tmp[c], (int64_t)n);
 	}
@@ -129,7 +140,6 @@ DP_AVX2 static void normalize_avx2(const uint8_t *src, size_t plane, const float
 
 DP_AVX512VBMI static void normalize_avx512(const uint8_t *src, size_t plane, const float mean[3], const float std[3],
                                            float divisor, void *dst, int32_t dtype) {
-	enum { RUN = 256 };
 	const size_t es = dp_dtype_size(dtype);
 	dp_convert_fn conv = es == 2 ? dp_converter(dtype, DP_F32, DP_ISA_AVX512) : NULL;
 	__m512i gather[3];
@@ -140,38 +150,25 @@ DP_AVX512VBMI static void normalize_avx512(const uint8_t *src, size_t plane, con
 	}
 	const __m512 vdiv = _mm512_set1_ps(divisor);
 	const __mmask64 bytes48 = (1ull << 48) - 1;
-	float tmp[3][RUN] __attribute__((aligned(64)));
-	for (size_t base = 0; base < plane; base += RUN) {
-		size_t n = plane - base < RUN ? plane - base : RUN, j = 0;
+	float tmp[3][NORM_RUN] __attribute__((aligned(64)));
+	for (size_t base = 0; base < plane; base += NORM_RUN) {
+		size_t n = plane - base < NORM_RUN ? plane - base : NORM_RUN, j = 0;
 		const uint8_t *p = src + 3 * base;
+		float *out[3];
+		normalize_run(dst, es, plane, base, tmp, out);
 		for (; j + 16 <= n; j += 16) {
 			__m512i px = _mm512_maskz_loadu_epi8(bytes48, p + 3 * j);
 			for (int c = 0; c < 3; c++) {
 				__m128i b = _mm512_castsi512_si128(_mm512_permutexvar_epi8(gather[c], px));
 				__m512 x = _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), vdiv);
 				x = _mm512_div_ps(_mm512_sub_ps(x, _mm512_set1_ps(mean[c])), _mm512_set1_ps(std[c]));
-				float *d = es == 4 ? (float *)dst + (size_t)c * plane + base + j : tmp[c] + j;
-				_mm512_storeu_ps(d, x);
+				_mm512_storeu_ps(out[c] + j, x);
 			}
 		}
-		for (; j < n; j++)
-			for (int c = 0; c < 3; c++) {
-				float x = (float)p[3 * j + c] / divisor;
-				x = (x - mean[c]) / std[c];
-				if (es == 4)
-					((float *)dst)[(size_t)c * plane + base + j] = x;
-				else
-					tmp[c][j] = x;
-			}
+		normalize_pixels(p, j, n, mean, std, divisor, out);
 		if (conv)
 			for (int c = 0; c < 3; c++) conv((uint16_t *)dst + (size_t)c * plane + base, tmp[c], (int64_t)n);
 	}
-}
-
-static int avx512vbmi_usable(void) {
-	static int usable = -1;
-	if (usable < 0) usable = __builtin_cpu_supports("avx512vbmi") != 0;
-	return usable;
 }
 #endif
 
@@ -191,7 +188,7 @@ dp_status dp_image_normalize(const uint8_t *src, int32_t w, int32_t h, const flo
 	if (v < 0) return dp_fail(msg, msg_len, DP_ERR_UNSUPPORTED, "normalize: kernel variant %d not supported here", isa);
 	const size_t plane = (size_t)w * (size_t)h;
 #if DP_X86
-	if (v >= DP_ISA_AVX512 && avx512vbmi_usable()) {
+	if (v >= DP_ISA_AVX512 && dp_avx512vbmi_usable()) {
 		normalize_avx512(src, plane, mean, std, divisor, dst, dtype);
 		return DP_OK;
 	}

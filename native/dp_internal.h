@@ -17,6 +17,9 @@ dp_status dp_fail(char *msg, size_t msg_len, dp_status status, const char *fmt, 
 /* dp_isa_resolve maps DP_ISA_AUTO to the best variant; -1 when isa is unknown or unsupported. */
 int32_t dp_isa_resolve(int32_t isa);
 
+/* dp_avx512vbmi_usable: the AVX-512 variant may also use AVX512-VBMI's byte permutes. */
+int dp_avx512vbmi_usable(void);
+
 /* A row converter: n elements from src to dst. Both dtypes known, isa already resolved. */
 typedef void (*dp_convert_fn)(void *dst, const void *src, int64_t n);
 

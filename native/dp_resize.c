@@ -119,19 +119,23 @@ static void hpass_generic(const uint8_t *src, size_t src_stride, int32_t rows, i
 	}
 }
 
+/* vpass_columns writes bytes [x, width) of an output row from taps rows at base, weights k: the
+ * portable pass, and the vector passes' last columns. */
+static inline void vpass_columns(const uint8_t *base, size_t src_stride, const int32_t *k, int32_t taps, uint8_t *out,
+                                 int32_t x, int32_t width) {
+	for (; x < width; x++) {
+		int32_t acc = 1 << (PRECISION_BITS - 1);
+		for (int32_t t = 0; t < taps; t++) acc += base[(size_t)t * src_stride + x] * k[t];
+		out[x] = clip8(acc);
+	}
+}
+
 /* vpass writes output rows [0, cy->n): row i combines rows lo[i].. of src (width bytes each). */
 static void vpass_generic(const uint8_t *src, size_t src_stride, int32_t width, const coeffs *cy, uint8_t *dst,
                           size_t dst_stride) {
-	for (int32_t i = 0; i < cy->n; i++) {
-		const int32_t *k = cy->k + (size_t)i * cy->ksize;
-		const uint8_t *base = src + (size_t)cy->lo[i] * src_stride;
-		uint8_t *out = dst + (size_t)i * dst_stride;
-		for (int32_t x = 0; x < width; x++) {
-			int32_t acc = 1 << (PRECISION_BITS - 1);
-			for (int32_t t = 0; t < cy->taps[i]; t++) acc += base[(size_t)t * src_stride + x] * k[t];
-			out[x] = clip8(acc);
-		}
-	}
+	for (int32_t i = 0; i < cy->n; i++)
+		vpass_columns(src + (size_t)cy->lo[i] * src_stride, src_stride, cy->k + (size_t)i * cy->ksize, cy->taps[i],
+		              dst + (size_t)i * dst_stride, 0, width);
 }
 
 /* ---- AVX2 passes ---- */
@@ -177,11 +181,7 @@ DP_AVX2 static void vpass_avx2(const uint8_t *src, size_t src_stride, int32_t wi
 			}
 			store8_clipped(out + x, a);
 		}
-		for (; x < width; x++) {
-			int32_t acc = 1 << (PRECISION_BITS - 1);
-			for (int32_t t = 0; t < taps; t++) acc += base[(size_t)t * src_stride + x] * k[t];
-			out[x] = clip8(acc);
-		}
+		vpass_columns(base, src_stride, k, taps, out, x, width);
 	}
 }
 
@@ -404,19 +404,10 @@ DP_AVX512 static void vpass_avx512(const uint8_t *src, size_t src_stride, int32_
 			for (int32_t t = 0; t < taps; t++) a = vpass_tap16(a, base + (size_t)t * src_stride + x, _mm512_set1_epi32(k[t]));
 			store16_clipped(out + x, a);
 		}
-		for (; x < width; x++) {
-			int32_t acc = 1 << (PRECISION_BITS - 1);
-			for (int32_t t = 0; t < taps; t++) acc += base[(size_t)t * src_stride + x] * k[t];
-			out[x] = clip8(acc);
-		}
+		vpass_columns(base, src_stride, k, taps, out, x, width);
 	}
 }
 
-static int avx512vbmi_usable(void) {
-	static int usable = -1;
-	if (usable < 0) usable = __builtin_cpu_supports("avx512vbmi") != 0;
-	return usable;
-}
 #endif
 
 /* ---- the resize ---- */
@@ -528,7 +519,7 @@ dp_status dp_resize_region(const dp_resize_job *j, const uint8_t *reg, int32_t r
 		int32_t groups = (cx.ksize + 3) / 4;
 		hplan hp;
 		int done = 0;
-		if (v >= DP_ISA_AVX512 && avx512vbmi_usable() && hplan_init(&hp, &cx, ch) == 0) {
+		if (v >= DP_ISA_AVX512 && dp_avx512vbmi_usable() && hplan_init(&hp, &cx, ch) == 0) {
 			done = hpass_avx512(hsrc, src_stride, (size_t)(ry + rh - y_first) * src_stride, rows, &hp, hdst, out_stride) == 0;
 			hplan_free(&hp);
 		}
