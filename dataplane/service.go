@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -170,8 +169,11 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	if opts.HealthFailures <= 0 {
 		opts.HealthFailures = def.HealthFailures
 	}
+	if opts.MaxUUIDBytes <= 0 {
+		opts.MaxUUIDBytes = def.MaxUUIDBytes
+	}
 	s := &Service{opts: opts, log: opts.Log, workers: map[string]*workerEntry{}, health: newHealthMetrics(),
-		uuids:  newUUIDTable(max(opts.MaxUUIDs, 1), cmp.Or(opts.MaxUUIDBytes, 32<<20)),
+		uuids:  newUUIDTable(max(opts.MaxUUIDs, 1), opts.MaxUUIDBytes),
 		routes: router.NewDecisionLog(router.RecentDecisions), prep: newCPUSlots(runtime.GOMAXPROCS(0)),
 		fetchSem: make(chan struct{}, max(opts.MaxFetches, 1))}
 	var err error

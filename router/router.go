@@ -40,10 +40,13 @@ type Options struct {
 	Disagg DisaggOptions
 }
 
+// DefaultMaxTrackedBlocks is Options.MaxTrackedBlocks' default, and NewSlots'.
+const DefaultMaxTrackedBlocks = 1 << 21
+
 // DefaultOptions are the defaults above.
 func DefaultOptions() Options {
 	return Options{BlockSize: 16, OverlapWeight: 1, Index: index.DefaultOptions(),
-		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, MaxTrackedBlocks: 1 << 21, PrefillSecondsPerToken: 15e-6, LoadReportTTL: 3 * time.Second,
+		RequestTTL: 5 * time.Minute, MaxRequests: 1 << 20, MaxTrackedBlocks: DefaultMaxTrackedBlocks, PrefillSecondsPerToken: 15e-6, LoadReportTTL: 3 * time.Second,
 		Disagg: DefaultDisaggOptions()}
 }
 

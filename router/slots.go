@@ -100,7 +100,7 @@ func NewSlots(maxWorkers, blockSize int, ttl time.Duration, maxRequests int) (*S
 	if err != nil {
 		return nil, err
 	}
-	return &Slots{blockSize: blockSize, ttl: ttl, max: max(maxRequests, 1), maxBlocks: DefaultOptions().MaxTrackedBlocks, active: ix,
+	return &Slots{blockSize: blockSize, ttl: ttl, max: max(maxRequests, 1), maxBlocks: DefaultMaxTrackedBlocks, active: ix,
 		loads: make([]workerLoad, ix.Options().MaxWorkers), refs: index.NewCounts(), reqs: map[string]*slotRequest{}}, nil
 }
 
